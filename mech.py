@@ -1,0 +1,1106 @@
+"""
+mech.py: a single-file reproduction of "Mechanistic evaluation of Transformers and state space
+models" (Arora, Rathi, Selvam, Csordás, Jurafsky, Potts; arXiv 2505.15105).
+
+The paper trains tiny 2-layer language models of seven architectures (Attention, BaseConv, Based,
+H3, Hyena, Mamba, DeltaNet) on Associative Recall (AR): a document lists 16 key-value pairs, then
+repeats one key, and the model must output its value. It then asks *how* each model solved the task
+with interchange interventions. This file holds all of it, to be read top to bottom:
+
+    0. utilities                         3. training (AdamW, warmup + cosine, evaluation, runs on disk)
+    1. the task (AR)                     4. the command line
+    2. the seven architectures
+
+Every sequence mixer maps (B, L, d) -> (B, L, d) and sits in a residual block,
+    Block(x) = x + mixer(norm(x)), then x + MLP(norm(x))     (Mamba blocks have no MLP),
+so that "the residual stream entering layer l" is a plain tensor that can be read and patched.
+
+What is guaranteed: the tasks, architectures and training protocol follow the official code
+(aryamanarora/tinylang, its zoology fork, mamba-ssm 2.2.4, FLA's DeltaNet) in their maths; where
+the official code has a quirk, the paper's intent is the default and the quirk is a flag (see
+Config). What is not: bit-identical data or initial weights (other RNG call orders), and the speed
+of fused CUDA kernels (the optional scan extension in scan_ext/ covers Mamba's hot loop).
+
+Reading list: the paper (arXiv 2505.15105); Zoology (arXiv 2312.04927) for AR, BaseConv and Based;
+H3 (arXiv 2212.14052); Hyena (arXiv 2302.10866); Mamba (arXiv 2312.00752) and mamba-minimal;
+DeltaNet (arXiv 2406.06484); nanoGPT for the shape of this file.
+
+Glossary (code name: paper notation, meaning)
+    d_model, d         "Model dimension": the width of the residual stream
+    n_layer            number of blocks (2 in the main results)
+    pos_emb            PE / NoPE: learned absolute position embedding on or off
+    pos["key"]         Key: the in-context occurrence of the queried key
+    pos["value"]       Value: the value stored next to it (the answer, in context)
+    pos["divider"]     the <eos> before the query
+    pos["query"]       Query: the repeated key; the prediction is read here
+    pos["answer"]      the answer token (what follows the Query)
+    d_conv             "Conv.": width of the short causal convolution (0 = none)
+    d_state            N: SSM state size per channel
+    d_inner            D = E * d (Mamba's expanded width, Algorithm 2)
+    dt_rank            R: rank of the projection that produces delta
+    delta              Δ: Mamba's input-dependent step size
+    A, B, C, D         SSM parameters: A and D per channel, B and C per token (Mamba)
+    phi                φ: Based's 2nd-order Taylor feature map, φ(q)·φ(k) ≈ exp(q·k/√f)
+    feature_dim        f = 8: width of Based's q and k
+    beta, S            β, S: DeltaNet's write strength and fast-weight state
+
+Run it:
+    python mech.py --arch mamba --task ar --dconv 4         # CPU preset: a few minutes
+    python mech.py --arch attention --d-model 128 --lr 3e-3
+    python mech.py --preset paper --arch based --d-model 64 --lr 1e-3   # the paper's exact protocol
+    python mech.py --help
+"""
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+import warnings
+import zlib
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+# ─────────────────────────────────────────────────────────────────────────────────────────────
+# 0. Utilities
+# ─────────────────────────────────────────────────────────────────────────────────────────────
+
+def rng_for(seed: int, stream: str) -> np.random.Generator:
+    """An independent, reproducible numpy RNG per (seed, purpose): train data, test data, ..."""
+    return np.random.default_rng([seed, zlib.crc32(stream.encode())])
+
+
+def distinct_ints(rng: np.random.Generator, n: int, k: int, high: int) -> np.ndarray:
+    """(n, k) array: each row is k distinct integers drawn uniformly from [0, high), in random order."""
+    if k * k > 2 * high:  # repeats would be common: take the first k of a shuffle of the (small) range
+        return np.argsort(rng.random((n, high)), axis=1)[:, :k]
+    x = rng.integers(0, high, (n, k))
+    while True:  # redraw the rows that hold a repeat (about 3% of them for 16 keys out of 4096)
+        s = np.sort(x, axis=1)
+        bad = (s[:, 1:] == s[:, :-1]).any(axis=1)
+        if not bad.any():
+            return x
+        x[bad] = rng.integers(0, high, (int(bad.sum()), k))
+
+
+_warned = set()
+
+
+def warn_once(msg: str) -> None:
+    """A one-line warning on stderr, once per process."""
+    if msg not in _warned:
+        _warned.add(msg)
+        print(f"mech.py: warning: {msg}", file=sys.stderr)
+
+
+def atomic_write(path: str, write) -> None:
+    """Call write(tmp_path), then rename over `path`: readers never see a half-written file."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def write_json(path: str, obj) -> None:
+    def write(tmp):
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=1)
+    atomic_write(path, write)
+
+
+# ─────────────────────────────────────────────────────────────────────────────────────────────
+# 1. The task: Associative Recall (AR)
+# ─────────────────────────────────────────────────────────────────────────────────────────────
+
+@dataclass
+class Examples:
+    """A set of documents with their named positions (one position per document and name)."""
+    ids: torch.Tensor  # (n, L) token ids, right-padded with PAD when lengths differ
+    pos: dict          # name -> (n,) LongTensor: key, value, divider, query, answer
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):  # a slice or an index tensor selects documents
+        return Examples(self.ids[i], {name: p[i] for name, p in self.pos.items()})
+
+    def to(self, device):
+        return Examples(self.ids.to(device), {name: p.to(device) for name, p in self.pos.items()})
+
+    @property
+    def answer(self) -> torch.Tensor:  # (n,) the token the model must predict at pos["query"]
+        return self.ids[torch.arange(len(self.ids), device=self.ids.device), self.pos["answer"]]
+
+
+PAD, BOS, EOS = 0, 1, 2
+
+
+class AR:
+    """Associative Recall, as the paper's AR-32.
+
+        pos:  0     1   2   3   4  ...  31   32   33    34   35   36
+        tok:  <bos> k1  v1  k2  v2 ...  k16  v16  <eos> kq   vq   <eos>
+
+    16 keys and 16 values are drawn without replacement from disjoint halves of the num_kv = 8192
+    key/value tokens and paired in order; there is no global key -> value map, so the association
+    exists only in context. One pair i is queried: the model sees k_i after the divider and must
+    output v_i. Loss and accuracy are read at the Query position only, over the full vocabulary.
+    Vocabulary: PAD 0, BOS 1, EOS 2, keys 3 .. 3+num_kv/2-1, then values, then one unused id, so
+    that V = num_kv + 4 = 8196 as in the official code (whose parameter counts we check).
+
+    Official implementation: aryamanarora/tinylang, tinylang/language/ar.py (class AR),
+    config languages/ar_vary_kv/ar_32.yaml.
+    Differences: numpy's PCG64 instead of the official torch/numpy/random calls, so the documents
+    are from the same distribution but not the same ones.
+    """
+
+    def __init__(self, num_kv: int = 8192, n_pairs: int = 16):
+        self.n_keys = num_kv // 2  # keys and values each get half of num_kv
+        self.n_pairs = n_pairs
+        self.first_key, self.first_value = 3, 3 + self.n_keys
+        self.vocab_size = num_kv + 4
+        self.length = 2 * n_pairs + 5
+
+    def sample(self, n: int, rng: np.random.Generator) -> Examples:
+        P = self.n_pairs
+        keys = self.first_key + distinct_ints(rng, n, P, self.n_keys)        # (n, P)
+        values = self.first_value + distinct_ints(rng, n, P, self.n_keys)    # (n, P)
+        i = rng.integers(0, P, n)                                            # queried pair
+        rows = np.arange(n)
+        ids = np.empty((n, self.length), dtype=np.int64)
+        ids[:, 0] = BOS
+        ids[:, 1:2 * P + 1:2] = keys
+        ids[:, 2:2 * P + 2:2] = values
+        ids[:, 2 * P + 1] = EOS                   # divider
+        ids[:, 2 * P + 2] = keys[rows, i]         # Query
+        ids[:, 2 * P + 3] = values[rows, i]       # answer
+        ids[:, 2 * P + 4] = EOS
+        L = self.length
+        pos = dict(key=2 * i + 1, value=2 * i + 2, divider=np.full(n, L - 4),
+                   query=np.full(n, L - 3), answer=np.full(n, L - 2))
+        return Examples(torch.from_numpy(ids), {k: torch.from_numpy(v).long() for k, v in pos.items()})
+
+
+def make_task(cfg: "Config"):
+    return TASKS[cfg.task](cfg)
+
+
+TASKS = {  # task name -> Config -> task object with .vocab_size and .sample(n, rng)
+    "ar": lambda cfg: AR(cfg.num_kv, cfg.n_pairs),
+}
+
+
+# ─────────────────────────────────────────────────────────────────────────────────────────────
+# 2. Architectures
+# ─────────────────────────────────────────────────────────────────────────────────────────────
+# 2a. Shared pieces: MLP, causal convolutions (short and long), the implicit filters' time grid.
+
+L_MAX = 1024  # n_positions: the largest sequence; also the time grid of the implicit filters and H3
+
+
+class MLP(nn.Module):
+    """fc2(GELU(fc1(x))) with a 4x hidden layer. Official: aryamanarora/zoology, zoology/mixers/mlp.py."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class CausalConv1d(nn.Conv1d):
+    """The short convolution shared by BaseConv, Hyena, Mamba and DeltaNet: depthwise and causal,
+        y[t, c] = bias[c] + Σ_{i<k} w[c, i] · x[t - (k-1) + i, c]      (x before position 0 is 0),
+    i.e. nn.Conv1d(C, C, k, groups=C, padding=k-1) truncated to the first L outputs (whose weights
+    and init it keeps), computed on (B, L, C) as k shifted multiply-adds: 2x faster on a CPU here.
+    """
+
+    def __init__(self, channels: int, width: int, bias: bool = True):
+        super().__init__(channels, channels, width, groups=channels, padding=width - 1, bias=bias)
+
+    def forward(self, x):                                   # x: (B, L, C)
+        k, L = self.kernel_size[0], x.shape[1]
+        x = F.pad(x, (0, 0, k - 1, 0))                      # (B, k-1+L, C): zeros before position 0
+        y = sum(self.weight[:, 0, i] * x[:, i:i + L] for i in range(k))
+        return y + self.bias if self.bias is not None else y
+
+
+def short_conv(channels: int, width: int, bias: bool) -> nn.Module:
+    """A width-k causal conv, or nothing at all for width 0 (the paper's 'conv removed' ablation)."""
+    return CausalConv1d(channels, width, bias) if width > 0 else nn.Identity()
+
+
+def causal_long_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Exact causal (linear, not circular) convolution with a filter as long as the sequence:
+        y[b, t, c] = Σ_{s<=t} k[c, t-s] · u[b, s, c]
+    u: (B, L, C), k: (C, L) -> (B, L, C). The official code multiplies FFTs of size 2L; for the short
+    sequences here a Toeplitz matmul is faster on a CPU, and it is exactly causal (no FFT round-off
+    leaks from later positions into earlier ones, which matters when we patch activations).
+    """
+    L = u.shape[1]
+    # T[c, t, s] = k[c, t-s] (0 for s > t): row t of this Toeplitz matrix is a window of the reversed,
+    # left-padded filter, so unfold builds all rows as one view
+    T = F.pad(k, (L - 1, 0)).flip(-1).unfold(-1, L, 1).flip(1)    # (C, L, L)
+    return (T @ u.permute(2, 1, 0)).permute(2, 1, 0)              # (C, L, L) @ (C, L, B) -> (B, L, C)
+
+
+def filter_time_grid():
+    """The input of the implicit filters (Hyena, BaseConv long conv) at positions j = 0 .. L_MAX-1:
+    z_j = [t_j, cos(2π f j / L_MAX), -sin(2π f j / L_MAX)] with t_j = j / (L_MAX-1) and a single band
+    f = 1e-4, so that z is, in effect, normalised time. Returns z (L_MAX, 3) and t (L_MAX,)."""
+    t = torch.linspace(0, 1, L_MAX)
+    w = 2 * math.pi * torch.arange(L_MAX) / L_MAX * 1e-4
+    return torch.stack([t, torch.cos(w), -torch.sin(w)], dim=-1), t
+
+
+# 2b. The sequence mixers. Each maps (B, L, d) -> (B, L, d).
+
+class Attention(nn.Module):
+    """Causal softmax attention:  y = out_proj(softmax(q kᵀ / √d_head + M) v)  per head.
+
+    Wqkv has no bias (the official config passes bias=False); out_proj has one. 1 head in the paper.
+    Position information comes only from the learned position embedding (no RoPE).
+    Official implementation: aryamanarora/zoology, zoology/mixers/attention.py (class MHA).
+    Differences: the causal mask is -inf where the official code adds -10000 (equal in fp32).
+    """
+
+    def __init__(self, d: int, n_head: int = 1):
+        super().__init__()
+        self.n_head = n_head
+        self.Wqkv = nn.Linear(d, 3 * d, bias=False)
+        self.out_proj = nn.Linear(d, d)
+
+    def forward(self, x):
+        B, L, d = x.shape
+        h = self.n_head
+        q, k, v = self.Wqkv(x).view(B, L, 3, h, d // h).permute(2, 0, 3, 1, 4)  # 3 x (B, h, L, d/h)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(d // h)                       # (B, h, L, L)
+        future = torch.ones(L, L, dtype=torch.bool, device=x.device).triu(1)
+        att = scores.masked_fill(future, float("-inf")).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(B, L, d)                             # (B, L, d)
+        return self.out_proj(y)
+
+
+class ImplicitLongConv(nn.Module):
+    """conv(u) = K * u + u with a length-L filter K[:, j] = MLP(z_j) (Linear(3,16), ReLU, Linear(16,d)).
+    Official implementation: HazyResearch/zoology, zoology/mixers/convolution.py (ImplicitLongConvolution)."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.register_buffer("z", filter_time_grid()[0], persistent=False)  # fixed input grid
+        self.mlp = nn.Sequential(nn.Linear(3, 16), nn.ReLU(), nn.Linear(16, d))
+
+    def forward(self, u):                                   # u: (B, L, d)
+        k = self.mlp(self.z[:u.shape[1]]).T                 # (d, L)
+        return causal_long_conv(u, k) + u
+
+
+class BaseConv(nn.Module):
+    """BaseConv: a convolution gated by a linear map, with its own skip,
+        y = conv(u) ⊙ (W u + b) + u,
+    where conv is a short causal conv (width k, with bias) or, for width None, an implicit long conv.
+    Official implementation: aryamanarora/zoology, zoology/mixers/base_conv.py (BaseConv).
+    """
+
+    def __init__(self, d: int, width: Optional[int]):
+        super().__init__()
+        self.projection = nn.Linear(d, d)
+        self.conv = CausalConv1d(d, width) if width else ImplicitLongConv(d)
+
+    def forward(self, u):
+        return self.conv(u) * self.projection(u) + u
+
+
+class TaylorLinearAttention(nn.Module):
+    """Based's linear attention: softmax attention with exp replaced by its 2nd-order Taylor series.
+
+    With f = feature_dim = 8 and the feature map  φ(x) = [1, x / f^(1/4), vec(x xᵀ) / (√2 √f)]  (1 + f + f²
+    dims), φ(q)·φ(k) = 1 + s + s²/2 where s = q·k / √f, and causal normalised linear attention is
+        y_n = Σ_{m<=n} (φ(q_n)·φ(k_m)) v_m  /  (Σ_{m<=n} φ(q_n)·φ(k_m) + ε).
+    A recurrent model would keep the running sums S = Σ φ(k) vᵀ and z = Σ φ(k) (a fixed-size state);
+    for training we use the identical "quadratic" view and form 1 + s + s²/2 directly.
+    Official implementation: aryamanarora/zoology, zoology/mixers/based.py (Based, TaylorExp).
+    """
+
+    def __init__(self, d: int, feature_dim: int = 8, eps: float = 1e-12):
+        super().__init__()
+        self.feature_dim, self.eps = feature_dim, eps
+        self.proj_q = nn.Linear(d, feature_dim, bias=False)
+        self.proj_k = nn.Linear(d, feature_dim, bias=False)
+        self.proj_v = nn.Linear(d, d, bias=False)
+        self.proj_o = nn.Linear(d, d, bias=False)
+
+    def forward(self, x):
+        L = x.shape[1]
+        q, k, v = self.proj_q(x), self.proj_k(x), self.proj_v(x)          # (B, L, f), (B, L, f), (B, L, d)
+        s = q @ k.transpose(1, 2) / math.sqrt(self.feature_dim)            # (B, L, L)
+        A = (1 + s + s * s / 2).tril()                                     # φ(q_n)·φ(k_m) for m <= n
+        y = (A @ v) / (A.sum(-1, keepdim=True) + self.eps)                 # (B, L, d)
+        return self.proj_o(y)
+
+
+class H3(nn.Module):
+    """H3 ("Hungry Hungry Hippos") with d_state N = 1024 and head_dim p = 2 (H = d/p heads).
+
+        k' = K_shift * k + D_k ⊙ k                   shift SSM: a learned causal FIR filter on k
+        kv[i, j, h] = k'[h p + i] · v[h p + j]       per-head outer product
+        Y = K_diag,h * kv + D_h kv                   diagonal SSM (S4D), one kernel per head
+        out[j, h] = Σ_i q[h p + i] · Y[i, j, h]      read-out; channel j H + h, then output_linear
+
+    The shift kernel is the cross-correlation of two learned vectors, K_shift[c, l] = Σ_j B_cj C_c,j+l
+    (B starts as e_1, so at init K_shift = C). The S4D kernel has N/2 complex modes per head,
+    bilinear discretisation:  dA = (1 + ΔA/2)/(1 - ΔA/2),  C' = B C Δ/(1 - ΔA/2),  K[l] = 2 Re Σ_n C'_n dA_n^l.
+    Official implementation: aryamanarora/zoology, zoology/mixers/h3/h3.py, ss_kernel_shift.py,
+    ss_kernel_diag.py ("diag-lin" init: A = -1/2 + iπn, B = 1, C ~ complex normal, Δ ~ logU[1e-3, 1e-1]).
+    Differences: both long convolutions are Toeplitz matmuls instead of FFTs (the same maths).
+    """
+
+    def __init__(self, d: int, d_state: int = L_MAX, head_dim: int = 2):
+        super().__init__()
+        self.p, self.H, N = head_dim, d // head_dim, d_state
+        self.q_proj, self.k_proj, self.v_proj = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        # shift SSM on k: B_shift = e_1, C_shift ~ U(±1/√N) (kaiming-uniform on (d, 1, N)), D_k ~ N(0, 1)
+        self.shift_B = nn.Parameter(F.one_hot(torch.zeros(d, dtype=torch.long), N).float())  # (d, N)
+        self.shift_C = nn.Parameter(torch.empty(d, N).uniform_(-1 / math.sqrt(N), 1 / math.sqrt(N)))
+        self.shift_D = nn.Parameter(torch.randn(d))
+        # diagonal SSM: N/2 complex modes per head; complex tensors are stored as (..., 2) real pairs
+        H, M = self.H, N // 2
+        self.log_dt = nn.Parameter(torch.empty(H).uniform_(math.log(1e-3), math.log(1e-1)))
+        self.inv_A_real = nn.Parameter(torch.full((H, M), math.log(0.5)))         # Re A = -exp(.)
+        self.A_imag = nn.Parameter(math.pi * torch.arange(M).float().repeat(H, 1))
+        self.B = nn.Parameter(torch.view_as_real(torch.ones(H, M, dtype=torch.cfloat)).clone())
+        self.C = nn.Parameter(torch.view_as_real(torch.randn(H, M, dtype=torch.cfloat)).clone())
+        self.D = nn.Parameter(torch.randn(H))
+        self.output_linear = nn.Linear(d, d)
+
+    def shift_kernel(self, L):  # (d, L): K[c, l] = Σ_j B[c, j] C[c, j + l], a grouped cross-correlation
+        d = self.shift_C.shape[0]
+        return F.conv1d(F.pad(self.shift_C, (0, L - 1))[None], self.shift_B[:, None], groups=d)[0]
+
+    def diag_kernel(self, L):   # (H, L), S4D with bilinear discretisation
+        dt = self.log_dt.exp()[:, None]                                         # (H, 1)
+        A = torch.complex(-self.inv_A_real.exp(), self.A_imag)                  # (H, N/2)
+        dtA = A * dt
+        dA = (1 + dtA / 2) / (1 - dtA / 2)
+        C = torch.view_as_complex(self.B) * torch.view_as_complex(self.C) * dt / (1 - dtA / 2)
+        # dA^l = |dA|^l (cos lθ + i sin lθ) with θ = arg dA: the (H, N/2, L) part in real arithmetic,
+        # which is many times faster than complex exp and einsum on a CPU
+        l = torch.arange(L, device=dt.device)
+        mag, ang = torch.exp(l * dA.abs().log()[..., None]), l * dA.angle()[..., None]  # (H, N/2, L)
+        return 2 * (torch.einsum("hn,hnl->hl", C.real, mag * torch.cos(ang))
+                    - torch.einsum("hn,hnl->hl", C.imag, mag * torch.sin(ang)))
+
+    def forward(self, u):
+        B, L, d = u.shape
+        p, H = self.p, self.H
+        q, k, v = self.q_proj(u), self.k_proj(u), self.v_proj(u)                # (B, L, d) each
+        k = causal_long_conv(k, self.shift_kernel(L)) + self.shift_D * k
+        heads = lambda x: x.view(B, L, H, p).transpose(2, 3)                    # (B, L, p, H): channel h p + i
+        kv = heads(k)[:, :, :, None, :] * heads(v)[:, :, None, :, :]            # (B, L, p_i, p_j, H)
+        K = self.diag_kernel(L).repeat(p * p, 1)                                # (p p H, L), shared over i, j
+        Y = causal_long_conv(kv.reshape(B, L, p * p * H), K).view(B, L, p, p, H) + self.D * kv
+        y = (heads(q)[:, :, :, None, :] * Y).sum(2)                             # (B, L, p_j, H)
+        return self.output_linear(y.reshape(B, L, d))                           # channel j H + h
+
+
+class HyenaFilter(nn.Module):
+    """Hyena's implicit long filter h (d, L): an MLP of the time grid z with sine activations,
+        h[:, j] = Linear(64, d)(Sin(Linear(64, 64)(Sin(Linear(64, 64)(Sin(Linear(3, 64)(z_j)))))))
+    with Sin(x) = sin(ω x) (one ω ∈ R^64 shared by the three, init 1), then exponentially decayed:
+    h[c, j] *= exp(-t_j |δ_c|), δ = linspace(ln(0.01)/1.5, ln(0.01)/0.3, d).
+    The grid z is trainable, as in the official runs (its tiny-LR hint was ignored there).
+    """
+
+    def __init__(self, d: int, order: int = 64):
+        super().__init__()
+        z, t = filter_time_grid()
+        self.z = nn.Parameter(z)
+        self.register_buffer("t", t, persistent=False)
+        self.register_buffer("deltas", torch.linspace(math.log(1e-2) / 1.5, math.log(1e-2) / 0.3, d),
+                             persistent=False)
+        self.omega = nn.Parameter(torch.ones(order))
+        self.lin = nn.ModuleList([nn.Linear(3, order), nn.Linear(order, order), nn.Linear(order, order)])
+        self.out = nn.Linear(order, d, bias=False)
+
+    def forward(self, L):
+        h = self.z[:L]                                           # (L, 3)
+        for lin in self.lin:
+            h = torch.sin(self.omega * lin(h))                   # (L, order)
+        h = self.out(h) * torch.exp(-self.t[:L, None] * self.deltas.abs())  # (L, d)
+        return h.T                                               # (d, L)
+
+
+class Hyena(nn.Module):
+    """Hyena of order 2 (1 head):
+        x1, x2, v = split(short_conv_3(in_proj(u)))         width-3 causal conv on all 3d channels
+        v = x2 ⊙ (h * (x1 ⊙ v) + D ⊙ (x1 ⊙ v))               implicit long filter h, skip D
+        y = out_proj(v)
+    Official implementation: aryamanarora/zoology, zoology/mixers/hyena.py (Hyena, Filter).
+    Quirk: the official runs pass bias=False into the Filter, which multiplies D by 0, so the paper's
+    Hyena has no D skip; d_skip=False (--no-hyena-d-skip) reproduces that, the default keeps it.
+    """
+
+    def __init__(self, d: int, d_skip: bool = True, filter_order: int = 64):
+        super().__init__()
+        self.in_proj = nn.Linear(d, 3 * d)
+        self.short_filter = CausalConv1d(3 * d, 3)
+        self.filter = HyenaFilter(d, filter_order)
+        self.D = nn.Parameter(torch.randn(d))
+        self.d_skip = d_skip
+        self.out_proj = nn.Linear(d, d)
+
+    def forward(self, u):
+        x1, x2, v = self.short_filter(self.in_proj(u)).chunk(3, dim=-1)    # (B, L, d) each
+        v = v * x1
+        v = causal_long_conv(v, self.filter(u.shape[1])) + self.d_skip * self.D * v
+        return self.out_proj(v * x2)
+
+
+# 2c. The selective scan: Mamba's recurrence, behind one function with swappable backends.
+
+def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
+                   backend="auto"):
+    """Mamba's selective scan, with the signature, shapes and semantics of mamba-ssm's
+    selective_scan_ref (mamba_ssm/ops/selective_scan_interface.py), so code written for it runs here:
+
+        u, delta, z: (b, d, l)    A: (d, n)    B, C: (b, n, l)    D, delta_bias: (d,)    -> (b, d, l)
+
+        Δ = softplus(delta + delta_bias)   (softplus only if delta_softplus)
+        h_t = exp(Δ_t A) ⊙ h_{t-1} + Δ_t u_t B_t          h_{-1} = 0, state (b, d, n)
+        y_t = C_t · h_t + D u_t
+        out = y ⊙ SiLU(z)                                  (if z is given)
+
+    backend: "ref" is the readable loop below (the oracle); "ext" the compiled C++/CUDA kernel of
+    scan_ext/ (an error if it cannot be built); "auto" the kernel if it builds, else the loop.
+    """
+    if backend not in SCAN_BACKENDS:
+        raise ValueError(f"selective_scan: unknown backend {backend!r}; choose from {', '.join(SCAN_BACKENDS)}")
+    if backend != "ref":
+        try:
+            ext = scan_extension()
+            if u.is_cuda and not ext.has_cuda():
+                raise RuntimeError("it was built without its CUDA kernel (no nvcc, or torch without CUDA)")
+        except RuntimeError as e:
+            if backend == "ext":
+                raise RuntimeError(f"scan backend 'ext' is unavailable: {e}") from None
+            warn_once(f"the scan extension is unavailable ({e}); using the reference loop")
+        else:
+            return SelectiveScanFn.apply(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
+    return selective_scan_ref(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
+
+
+SCAN_BACKENDS = ("auto", "ext", "ref")
+_scan_ext = None   # the compiled module, or the exception its build raised (not retried)
+
+
+def scan_extension():
+    """Compile scan_ext/ with torch.utils.cpp_extension.load on first use (about a minute), or load
+    the cached build (under ~/.cache/torch_extensions, outside the repository)."""
+    global _scan_ext
+    if _scan_ext is None:
+        from torch.utils.cpp_extension import CUDA_HOME, load
+        src = os.path.join(HERE, "scan_ext")
+        cuda = torch.cuda.is_available() and CUDA_HOME is not None
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                _scan_ext = load(name="mech_scan_cuda" if cuda else "mech_scan",
+                                 sources=[os.path.join(src, "selective_scan.cpp")]
+                                 + ([os.path.join(src, "selective_scan_cuda.cu")] if cuda else []),
+                                 extra_cflags=["-O3", "-fopenmp", "-ffast-math", "-march=native"]
+                                 + (["-DWITH_CUDA"] if cuda else []),
+                                 extra_ldflags=["-fopenmp"], extra_cuda_cflags=["-O3"], verbose=False)
+        except Exception as e:  # a missing compiler, ninja or header: remember why
+            _scan_ext = RuntimeError(str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__)
+    if isinstance(_scan_ext, Exception):
+        raise _scan_ext
+    return _scan_ext
+
+
+class SelectiveScanFn(torch.autograd.Function):
+    """The extension's forward and backward as one autograd op. The kernel wants B and C as
+    (b, l, n) contiguous: for Mamba, whose x_proj produces (B, L, N), the transposes are free."""
+
+    @staticmethod
+    def forward(ctx, u, delta, A, B, C, D, z, delta_bias, delta_softplus):
+        dtype = u.dtype
+        if dtype not in (torch.float32, torch.float64):  # the kernel computes in fp32, like upstream
+            u, delta, A, B, C, D, z, delta_bias = (None if x is None else x.float()
+                                                    for x in (u, delta, A, B, C, D, z, delta_bias))
+        A, D, delta_bias = (None if x is None else x.contiguous() for x in (A, D, delta_bias))
+        B, C = B.transpose(1, 2).contiguous(), C.transpose(1, 2).contiguous()  # (b, l, n)
+        ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias)
+        ctx.delta_softplus, ctx.dtype = delta_softplus, dtype
+        return scan_extension().fwd(u, delta, A, B, C, D, z, delta_bias, delta_softplus).to(dtype)
+
+    @staticmethod
+    def backward(ctx, dout):
+        u, delta, A, B, C, D, z, delta_bias = ctx.saved_tensors
+        grads = scan_extension().bwd(dout.to(u.dtype), u, delta, A, B, C, D, z, delta_bias, ctx.delta_softplus)
+        du, ddelta, dA, dB, dC, dD, dz, dbias = (None if g is None else g.to(ctx.dtype) for g in grads)
+        return du, ddelta, dA, dB.transpose(1, 2), dC.transpose(1, 2), dD, dz, dbias, None
+
+
+def selective_scan_ref(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False):
+    """The scan as a loop over time, in fp32 (or fp64) whatever the input dtype. See selective_scan."""
+    dtype = u.dtype
+    up = lambda x: None if x is None else x.to(torch.promote_types(x.dtype, torch.float32))
+    u, delta, A, B, C, D, z, delta_bias = map(up, (u, delta, A, B, C, D, z, delta_bias))
+    if delta_bias is not None:
+        delta = delta + delta_bias[:, None]
+    if delta_softplus:
+        delta = F.softplus(delta)                                   # threshold 20, as upstream
+    decay = torch.exp(delta[..., None] * A[:, None, :])             # (b, d, l, n): exp(Δ_t A)
+    write = (delta * u)[..., None] * B.transpose(1, 2)[:, None]     # (b, d, l, n): Δ_t u_t B_t
+    h = u.new_zeros(u.shape[0], u.shape[1], A.shape[1])             # (b, d, n)
+    ys = []
+    for t in range(u.shape[2]):
+        h = decay[:, :, t] * h + write[:, :, t]
+        ys.append(torch.einsum("bdn,bn->bd", h, C[:, :, t]))
+    y = torch.stack(ys, dim=-1)                                     # (b, d, l)
+    if D is not None:
+        y = y + D[:, None] * u
+    if z is not None:
+        y = y * F.silu(z)
+    return y.to(dtype)
+
+
+class Mamba(nn.Module):
+    """Mamba (selective SSM), d_state N = 16, expand E = 2 (d_inner = 2d), dt_rank R = ceil(d/16):
+
+        x, z = split(in_proj(u))                   (B, L, d_inner) each
+        x = SiLU(conv(x))                          short causal conv of width d_conv (0 = none)
+        δ, B, C = split(x_proj(x))                 (B, L, R), (B, L, N), (B, L, N)
+        Δ = softplus(dt_proj(δ))                   (B, L, d_inner)
+        y = selective_scan(x, Δ, A = -exp(A_log), B, C, D) ⊙ SiLU(z)
+        out = out_proj(y)
+
+    d_conv is the paper's ablation knob: 4 by default, 0 removes the conv (SiLU kept), 1 is a
+    per-channel scale and bias. conv_in, conv_out (before SiLU) and act_out are identity modules:
+    named places to read or patch the conv's input and output.
+    Official implementation: state-spaces/mamba, mamba_ssm/modules/mamba_simple.py (Mamba, 2.2.4);
+    conv ablations aryamanarora/tinylang, tinylang/model/arch/mamba.py.
+    Differences: nn.Conv1d for every width, and no unused conv parameters when d_conv = 0.
+    """
+
+    def __init__(self, d: int, d_conv: int = 4, d_state: int = 16, expand: int = 2, scan: str = "auto",
+                 dt_min: float = 1e-3, dt_max: float = 0.1):
+        super().__init__()
+        self.d_inner, self.d_state, self.dt_rank = expand * d, d_state, math.ceil(d / 16)
+        self.scan = scan
+        D_in, N, R = self.d_inner, d_state, self.dt_rank
+        self.in_proj = nn.Linear(d, 2 * D_in, bias=False)
+        self.conv_in, self.conv_out, self.act_out = nn.Identity(), nn.Identity(), nn.Identity()
+        self.conv1d = short_conv(D_in, d_conv, bias=True)
+        self.x_proj = nn.Linear(D_in, R + 2 * N, bias=False)
+        self.dt_proj = nn.Linear(R, D_in, bias=True)
+        self.out_proj = nn.Linear(D_in, d, bias=False)
+        # Mamba's own init: Δ starts log-uniform in [dt_min, dt_max] (through softplus⁻¹ as the bias),
+        # A is S4D-real (A_n = -(n+1)), D = 1. The generic re-init below must not touch dt_proj.bias.
+        nn.init.uniform_(self.dt_proj.weight, -R ** -0.5, R ** -0.5)
+        dt = torch.exp(torch.rand(D_in) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+        dt = dt.clamp(min=1e-4)
+        with torch.no_grad():
+            self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus⁻¹(dt)
+        self.dt_proj.bias._no_reinit = True
+        self.A_log = nn.Parameter(torch.log(torch.arange(1, N + 1).float()).repeat(D_in, 1))  # (D_in, N)
+        self.D = nn.Parameter(torch.ones(D_in))
+
+    def forward(self, u):
+        x, z = self.in_proj(u).chunk(2, dim=-1)                          # (B, L, D_in) each
+        x = self.act_out(F.silu(self.conv_out(self.conv1d(self.conv_in(x)))))
+        dt, B, C = self.x_proj(x).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
+        dt = dt @ self.dt_proj.weight.T                                  # (B, L, D_in); bias in the scan
+        A = -torch.exp(self.A_log)                                       # (D_in, N)
+        y = selective_scan(x.transpose(1, 2), dt.transpose(1, 2), A, B.transpose(1, 2),
+                           C.transpose(1, 2), self.D, z.transpose(1, 2), delta_bias=self.dt_proj.bias,
+                           delta_softplus=True, backend=self.scan)       # (B, D_in, L)
+        return self.out_proj(y.transpose(1, 2))                          # (B, L, d)
+
+
+def delta_rule(q, k, v, beta):
+    """The delta rule  S_t = S_{t-1} + β_t k_t (v_t - S_{t-1}ᵀ k_t)ᵀ,  o_t = S_tᵀ q_t,  S_0 = 0,
+    computed for the whole sequence at once. Writing S_t = Σ_{s<=t} k_s u_sᵀ, the values actually
+    written are  u_t = β_t (v_t - Σ_{s<t} (k_t·k_s) u_s):  a unit lower-triangular linear system
+    (I + tril(β k kᵀ, -1)) U = β V, solved exactly; then  o_t = Σ_{s<=t} (q_t·k_s) u_s.
+    q, k: (..., L, d_k), v: (..., L, d_v), beta: (..., L) -> (..., L, d_v).
+    This is FLA's chunked (WY) form with one chunk; the per-step loop is in the tests as the oracle.
+    """
+    L = q.shape[-2]
+    ones = torch.ones(L, L, dtype=torch.bool, device=q.device)
+    M = (beta[..., None] * (k @ k.transpose(-2, -1))).masked_fill(~ones.tril(-1), 0)  # (..., L, L)
+    M = M + torch.eye(L, device=q.device, dtype=q.dtype)
+    U = torch.linalg.solve_triangular(M, beta[..., None] * v, upper=False, unitriangular=True)
+    return (q @ k.transpose(-2, -1)).masked_fill(~ones.tril(), 0) @ U
+
+
+class DeltaNet(nn.Module):
+    """DeltaNet (v3 of the paper): linear attention whose fast-weight state is edited by the delta rule.
+
+        q, k, v = SiLU(conv(W_q x)), SiLU(conv(W_k x)), SiLU(conv(W_v x))   short convs, no bias
+        q, k = q/‖q‖, k/‖k‖;   β = sigmoid(W_β x)                             per head
+        o = delta_rule(q / √d_k, k, v, β);   y = o_proj(RMSNorm(o))
+
+    Official implementation: fla-org/flash-linear-attention, fla/layers/delta_net.py (DeltaNet with
+    its defaults: use_beta, short conv 4, silu q/k activation, l2 q/k norm, no gate).
+    Differences: fp32 (the official v3 code casts to bf16 for Triton), an exact triangular solve
+    instead of chunked Triton kernels.
+    """
+
+    def __init__(self, d: int, n_head: int = 1, d_conv: int = 4):
+        super().__init__()
+        self.n_head = n_head
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d, d, bias=False) for _ in range(3))
+        self.b_proj = nn.Linear(d, n_head, bias=False)
+        self.q_conv1d, self.k_conv1d, self.v_conv1d = (short_conv(d, d_conv, bias=False) for _ in range(3))
+        self.o_norm = nn.RMSNorm(d // n_head, eps=1e-5)
+        self.o_proj = nn.Linear(d, d, bias=False)
+
+    def forward(self, x):
+        B, L, d = x.shape
+        h = self.n_head
+        heads = lambda y: y.view(B, L, h, d // h).transpose(1, 2)          # (B, h, L, d/h)
+        q = heads(F.silu(self.q_conv1d(self.q_proj(x))))
+        k = heads(F.silu(self.k_conv1d(self.k_proj(x))))
+        v = heads(F.silu(self.v_conv1d(self.v_proj(x))))
+        q, k = (y * torch.rsqrt((y * y).sum(-1, keepdim=True) + 1e-6) for y in (q, k))
+        beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)               # (B, h, L)
+        o = delta_rule(q * (d // h) ** -0.5, k, v, beta)                    # (B, h, L, d/h)
+        return self.o_proj(self.o_norm(o).transpose(1, 2).reshape(B, L, d))
+
+
+# 2d. Blocks, the language model, initialisation, and the registry of architectures.
+
+class Block(nn.Module):
+    """A pre-norm residual block that maps the residual stream to the residual stream."""
+
+    def __init__(self, d: int, mixer: nn.Module, mamba: bool):
+        super().__init__()
+        self.norm1 = nn.RMSNorm(d, eps=1e-5) if mamba else nn.LayerNorm(d)
+        self.mixer = mixer
+        self.norm2, self.mlp = (None, None) if mamba else (nn.LayerNorm(d), MLP(d))  # Mamba: no MLP
+
+    def forward(self, x, at=None):             # x: (B, L, d)
+        y = self.mixer(self.norm1(x))          # sequence mixing
+        if at is not None:                     # keep only row at[b] of each sequence: (B, d)
+            rows = torch.arange(len(x), device=x.device)
+            x, y = x[rows, at], y[rows, at]
+        x = x + y
+        if self.mlp is not None:
+            x = x + self.mlp(self.norm2(x))    # per-position MLP
+        return x
+
+
+# arch -> (cfg, layer index) -> mixer. The layer index matters only for the two hybrids, which
+# alternate by layer exactly as zoology's Hybrid does: BaseConv is [short k=3, long, short, ...] and
+# Based is [BaseConv short conv, Taylor linear attention, BaseConv, ...].
+MIXERS = {
+    "attention": lambda cfg, i: Attention(cfg.d_model, cfg.n_head),
+    "base_conv": lambda cfg, i: BaseConv(cfg.d_model, None if cfg.long_conv or i % 2 else (cfg.d_conv or 3)),
+    "based": lambda cfg, i: TaylorLinearAttention(cfg.d_model) if i % 2 else
+                            BaseConv(cfg.d_model, None if cfg.long_conv else cfg.d_conv),
+    "h3": lambda cfg, i: H3(cfg.d_model),
+    "hyena": lambda cfg, i: Hyena(cfg.d_model, d_skip=cfg.hyena_d_skip),
+    "mamba": lambda cfg, i: Mamba(cfg.d_model, d_conv=cfg.d_conv, scan=cfg.scan),
+    "delta_net": lambda cfg, i: DeltaNet(cfg.d_model, cfg.n_head, d_conv=cfg.d_conv),
+}
+DEFAULT_DCONV = {"mamba": 4, "delta_net": 4, "based": 3}  # archs whose short conv --dconv sets
+
+
+class LanguageModel(nn.Module):
+    """ids (B, L) -> token embedding (+ position embedding) -> blocks -> LayerNorm -> logits,
+    with the output head tied to the token embedding.
+    Official implementation: aryamanarora/tinylang, tinylang/model/arch/zoology.py (residual-only blocks).
+    """
+
+    def __init__(self, cfg: "Config", vocab_size: int):
+        super().__init__()
+        d = cfg.d_model
+        self.tok_emb = nn.Embedding(vocab_size, d)
+        self.pos_emb = nn.Embedding(L_MAX, d) if cfg.pos_emb else None
+        self.blocks = nn.ModuleList(Block(d, MIXERS[cfg.arch](cfg, i), mamba=cfg.arch == "mamba")
+                                    for i in range(cfg.n_layer))
+        self.norm_f = nn.LayerNorm(d)
+        init_weights(self, cfg)
+
+    def forward(self, ids, at=None):
+        """ids: (B, L). Returns logits (B, L, V), or (B, V) at one position per row if `at` (B,) is
+        given: the task is scored at the Query only, so the last block's MLP and the (V x d) head
+        need not see the other positions."""
+        if ids.shape[1] > L_MAX:
+            raise ValueError(f"sequence length {ids.shape[1]} exceeds the model's maximum {L_MAX}")
+        x = self.tok_emb(ids)                                                  # (B, L, d)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb.weight[:ids.shape[1]]
+        for i, block in enumerate(self.blocks):  # the last block need only compute the scored rows
+            x = block(x, at if i == len(self.blocks) - 1 else None)          # (B, L, d), last (B, d)
+        return F.linear(self.norm_f(x), self.tok_emb.weight)                   # (B, [L,] V), tied head
+
+
+def init_weights(model: nn.Module, cfg: "Config"):
+    """The official initialisation (applied after the modules' own inits, like the official code).
+
+    All but Mamba (zoology's _init_weights): Linear weights and embeddings ~ N(0, 0.02), Linear
+    biases 0, and any weight *named* out_proj.weight, fc2.weight or output_linear.0.weight redrawn
+    from N(0, 0.02/√(2 n_layer)). The rule goes by name, which is why H3's output_linear, Based's
+    proj_o, BaseConv's projection and DeltaNet's o_proj are not rescaled: we keep the official names.
+    Mamba (mamba_ssm's _init_weights): Linear weights keep PyTorch's default, biases 0 except
+    dt_proj.bias, embeddings ~ N(0, 0.02), out_proj.weight kaiming-uniform / √n_layer.
+    """
+    mamba = cfg.arch == "mamba"
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            if not mamba:
+                nn.init.normal_(m.weight, std=0.02)
+            if m.bias is not None and not getattr(m.bias, "_no_reinit", False):
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, std=0.02)
+    for name, p in model.named_parameters():
+        if mamba and name.endswith("out_proj.weight"):
+            nn.init.kaiming_uniform_(p, a=math.sqrt(5))
+            with torch.no_grad():
+                p /= math.sqrt(cfg.n_layer)
+        elif not mamba and name.endswith(("out_proj.weight", "fc2.weight", "output_linear.0.weight")):
+            nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.n_layer))
+
+
+# ─────────────────────────────────────────────────────────────────────────────────────────────
+# 3. Training
+# ─────────────────────────────────────────────────────────────────────────────────────────────
+
+def opt(default, help, flag=None):
+    """A Config field with its --help text (and, if it differs from the field name, its flag)."""
+    return field(default=default, metadata=dict(help=help, flag=flag))
+
+
+@dataclass
+class Config:
+    """Everything that defines a run. Each field is a command-line flag (--d-model for d_model, ...).
+    The official code's quirks are flags whose default follows the paper's intent (PAPER.md §11)."""
+    # what to train
+    task: str = opt("ar", "the task: " + ", ".join(TASKS))
+    arch: str = opt("attention", "the architecture: " + ", ".join(MIXERS))
+    d_model: int = opt(64, "model width d (paper grid: 16, 32, 64, 128, 256)")
+    n_layer: int = opt(2, "number of blocks (the paper: 2; appendix: 1 and 3)", "--layers")
+    n_head: int = opt(1, "attention / DeltaNet heads (the paper: 1)", "--heads")
+    pos_emb: Optional[bool] = opt(None, "learned absolute position embedding (default: on for attention only)")
+    d_conv: Optional[int] = opt(None, "short-conv width of mamba, delta_net (default 4), based's BaseConv layer "
+                                      "(default 3) and base_conv's short layers (default 3); 0 = no conv", "--dconv")
+    long_conv: bool = opt(False, "replace based's (or base_conv's) short conv by the implicit long conv")
+    hyena_d_skip: bool = opt(True, "Hyena's D skip term; the official runs had it zeroed by a bug (use --no-...)")
+    scan: str = opt("auto", "Mamba's selective-scan backend: ext (scan_ext/, compiled on first use), ref "
+                            "(the PyTorch loop) or auto (ext if it builds, else ref)")
+    # the data
+    num_kv: int = opt(8192, "AR: number of key + value tokens (keys and values get half each)")
+    n_pairs: int = opt(16, "AR: key-value pairs per document")
+    n_train: int = opt(100_032, "training documents, generated once and replayed in order every epoch")
+    fresh_data: bool = opt(False, "sample a fresh batch every step instead of replaying the fixed training set")
+    n_eval: int = opt(320, "test documents evaluated (the paper: the first 320)")
+    # optimisation
+    steps: Optional[int] = opt(None, "optimizer steps (default: epochs x n_train / batch_size)")
+    epochs: int = opt(16, "passes over the training set, if --steps is not given")
+    batch_size: int = opt(32, "training batch size")
+    lr: float = opt(1e-3, "peak learning rate (paper grid: 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2)")
+    warmup_frac: float = opt(0.1, "fraction of the steps spent in linear warmup")
+    schedule: str = opt("cosine", "decay after warmup: cosine or linear (both to 0)")
+    weight_decay: float = opt(0.0, "AdamW weight decay (the paper: 0)")
+    eval_every: int = opt(500, "steps between evaluations on the test documents")
+    seed: int = opt(42, "seed for the data and the initial weights")
+
+    def __post_init__(self):
+        if self.pos_emb is None:
+            self.pos_emb = self.arch == "attention"
+        if self.d_conv is None:
+            self.d_conv = DEFAULT_DCONV.get(self.arch)
+        check(self)
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps if self.steps is not None else self.epochs * (self.n_train // self.batch_size)
+
+
+def check(cfg: Config):
+    """Reject bad values with a one-line message that names the value and what is allowed."""
+    def need(ok, msg):
+        if not ok:
+            raise ValueError(msg)
+    need(cfg.task in TASKS, f"unknown task {cfg.task!r}; choose from {', '.join(TASKS)}")
+    need(cfg.arch in MIXERS, f"unknown arch {cfg.arch!r}; choose from {', '.join(MIXERS)}")
+    for name in ("d_model", "n_layer", "n_head", "batch_size", "n_eval", "eval_every", "epochs"):
+        need(getattr(cfg, name) >= 1, f"{name} must be >= 1, got {getattr(cfg, name)}")
+    need(cfg.d_model % cfg.n_head == 0, f"d_model {cfg.d_model} is not divisible by n_head {cfg.n_head}")
+    need(cfg.n_head == 1 or cfg.arch in ("attention", "delta_net"),
+         f"n_head {cfg.n_head}: only attention and delta_net have heads (use 1 for {cfg.arch})")
+    need(cfg.arch != "h3" or cfg.d_model % 2 == 0, f"d_model {cfg.d_model}: h3 needs an even width (head_dim 2)")
+    if cfg.d_conv is not None:
+        need(cfg.arch in DEFAULT_DCONV or cfg.arch == "base_conv",
+             f"--dconv {cfg.d_conv} does not apply to {cfg.arch}; it applies to {', '.join(DEFAULT_DCONV)}, base_conv")
+        need(cfg.d_conv >= (1 if cfg.arch in ("based", "base_conv") else 0),
+             f"d_conv must be >= 0 (>= 1 for based and base_conv), got {cfg.d_conv}")
+    need(not cfg.long_conv or cfg.arch in ("based", "base_conv"),
+         f"--long-conv applies to based and base_conv, not {cfg.arch}")
+    need(cfg.scan in SCAN_BACKENDS, f"unknown scan backend {cfg.scan!r}; choose from {', '.join(SCAN_BACKENDS)}")
+    need(cfg.num_kv >= 2 and cfg.num_kv % 2 == 0, f"num_kv must be an even number >= 2, got {cfg.num_kv}")
+    need(1 <= cfg.n_pairs <= cfg.num_kv // 2,
+         f"n_pairs {cfg.n_pairs} must be between 1 and num_kv/2 = {cfg.num_kv // 2} (the number of keys)")
+    need(2 * cfg.n_pairs + 5 <= L_MAX, f"n_pairs {cfg.n_pairs} makes documents longer than {L_MAX} tokens")
+    need(cfg.n_train >= cfg.batch_size or cfg.fresh_data,
+         f"n_train {cfg.n_train} is smaller than one batch ({cfg.batch_size})")
+    need(cfg.steps is None or cfg.steps >= 1, f"steps must be >= 1, got {cfg.steps}")
+    need(cfg.lr > 0, f"lr must be > 0, got {cfg.lr}")
+    need(0 <= cfg.warmup_frac < 1, f"warmup_frac must be in [0, 1), got {cfg.warmup_frac}")
+    need(cfg.schedule in ("cosine", "linear"), f"unknown schedule {cfg.schedule!r}; choose from cosine, linear")
+    need(cfg.weight_decay >= 0, f"weight_decay must be >= 0, got {cfg.weight_decay}")
+
+
+def build_model(cfg: Config, vocab_size: int) -> LanguageModel:
+    torch.manual_seed(cfg.seed)
+    return LanguageModel(cfg, vocab_size)
+
+
+def lr_at(step: int, cfg: Config) -> float:
+    """Linear warmup over int(warmup_frac * total) steps, then cosine (or linear) decay to 0, as
+    HuggingFace's get_cosine_schedule_with_warmup: the first update has learning rate 0."""
+    total = cfg.total_steps
+    warm = int(cfg.warmup_frac * total)
+    if step < warm:
+        return cfg.lr * step / warm
+    progress = (step - warm) / max(1, total - warm)
+    if cfg.schedule == "linear":
+        return cfg.lr * max(0.0, 1 - progress)
+    return cfg.lr * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+@torch.no_grad()
+def evaluate(model: LanguageModel, data: Examples, batch_size: int = 64) -> dict:
+    """Accuracy (argmax over the full vocabulary at the Query position) and mean loss."""
+    was_training = model.training
+    model.eval()
+    correct, loss = 0, 0.0
+    for i in range(0, len(data), batch_size):
+        batch = data[i:i + batch_size]
+        logits = model(batch.ids, at=batch.pos["query"])
+        correct += (logits.argmax(-1) == batch.answer).sum().item()
+        loss += F.cross_entropy(logits, batch.answer, reduction="sum").item()
+    model.train(was_training)
+    return dict(accuracy=correct / len(data), loss=loss / len(data))
+
+
+class Diverged(RuntimeError):
+    pass
+
+
+def config_id(cfg: Config) -> str:
+    return hashlib.sha1(json.dumps(dataclasses.asdict(cfg), sort_keys=True).encode()).hexdigest()[:8]
+
+
+def default_out(cfg: Config) -> str:
+    conv = f"_dconv{cfg.d_conv}" if cfg.arch in DEFAULT_DCONV else ""
+    return os.path.join("runs", f"{cfg.task}_{cfg.arch}{conv}_d{cfg.d_model}_lr{cfg.lr:g}_s{cfg.seed}_{config_id(cfg)}")
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    kind, _, index = device.partition(":")
+    if kind not in ("cpu", "cuda") or (index and not index.isdigit()) or (kind == "cpu" and index):
+        raise ValueError(f"unknown device {device!r}; choose from auto, cpu, cuda, cuda:N")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: this torch build sees no CUDA device; use --device cpu or auto")
+    if kind == "cuda" and index and int(index) >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+    return torch.device(device)
+
+
+def train(cfg: Config, out: Optional[str] = None, device: str = "auto", log=print,
+          checkpoint_every_s: float = 60.0) -> dict:
+    """Train one model; write config.json, metrics.json and model.pt to `out` (atomically).
+
+    The training set is generated once and replayed in the same order every epoch (the paper's
+    protocol; --fresh-data samples every batch anew). Batch s is a pure function of (seed, s), and a
+    checkpoint is kept while training, so an interrupted run resumes exactly where it stopped.
+    Returns the metrics dict (also in metrics.json).
+    """
+    dev = resolve_device(device)
+    if out is not None:
+        os.makedirs(out, exist_ok=True)
+        write_json(os.path.join(out, "config.json"), dataclasses.asdict(cfg))
+    task = make_task(cfg)
+    model = build_model(cfg, task.vocab_size).to(dev)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8,
+                                  weight_decay=cfg.weight_decay, fused=dev.type in ("cpu", "cuda"))
+    test = task.sample(cfg.n_eval, rng_for(cfg.seed, "test")).to(dev)
+    train_set = None if cfg.fresh_data else task.sample(cfg.n_train, rng_for(cfg.seed, "train"))
+    per_epoch = cfg.n_train // cfg.batch_size
+
+    def batch_at(step):
+        if cfg.fresh_data:
+            return task.sample(cfg.batch_size, rng_for(cfg.seed, f"train-step-{step}")).to(dev)
+        i = step % per_epoch
+        return train_set[i * cfg.batch_size:(i + 1) * cfg.batch_size].to(dev)
+
+    total, start, curve, elapsed = cfg.total_steps, 0, [], 0.0
+    ckpt_path = out and os.path.join(out, "checkpoint.pt")
+    if ckpt_path and os.path.exists(ckpt_path):
+        ckpt = torch.load(ckpt_path, map_location=dev)
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        start, curve, elapsed = ckpt["step"], ckpt["curve"], ckpt["elapsed"]
+        log(f"resuming {out} at step {start}")
+
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"{cfg.arch} on {cfg.task}: d={cfg.d_model}, {cfg.n_layer} layers, {n_params:,} parameters, "
+        f"{total:,} steps, lr {cfg.lr:g}, {dev.type}, {torch.get_num_threads()} threads")
+    model.train()
+    t_start, last_save, since = time.time(), time.time(), start
+    loss_sum = torch.zeros((), device=dev)
+    for step in range(start, total):
+        batch = batch_at(step)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        loss = F.cross_entropy(model(batch.ids, at=batch.pos["query"]), batch.answer)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        loss_sum += loss.detach()  # no .item() here: it would sync a GPU every step
+        done = step + 1
+        if done % cfg.eval_every and done != total:
+            continue
+        train_loss = loss_sum.item() / (done - since)
+        if not math.isfinite(train_loss):
+            raise Diverged(f"the training loss became {train_loss} by step {done}; try a lower --lr than {cfg.lr:g}")
+        loss_sum.zero_()
+        since = done
+        ev = evaluate(model, test)
+        run_time = time.time() - t_start
+        rate = (done - start) / run_time
+        curve.append(dict(step=done, train_loss=round(train_loss, 5), test_loss=round(ev["loss"], 5),
+                          accuracy=ev["accuracy"], time_s=round(elapsed + run_time, 2)))
+        if ckpt_path and done < total and time.time() - last_save >= checkpoint_every_s:
+            state = dict(model=model.state_dict(), optimizer=optimizer.state_dict(), step=done,
+                         curve=curve, elapsed=elapsed + run_time)
+            atomic_write(ckpt_path, lambda tmp: torch.save(state, tmp))
+            last_save = time.time()
+        log(f"step {done:>7,}/{total:,} | loss {train_loss:.4f} | test acc {ev['accuracy']:.3f} | "
+            f"{rate:5.1f} steps/s | ETA {(total - done) / rate / 60:5.1f} min")
+
+    run_time = time.time() - t_start
+    final = curve[-1]  # the loop always evaluates after the last step
+    metrics = dict(accuracy=final["accuracy"], test_loss=final["test_loss"], steps=total,
+                   wall_time_s=round(elapsed + run_time, 2), steps_per_s=round((total - start) / run_time, 2),
+                   n_params=n_params, threads=torch.get_num_threads(), device=dev.type,
+                   torch=torch.__version__, curve=curve)
+    if out is not None:
+        atomic_write(os.path.join(out, "model.pt"), lambda tmp: torch.save(model.state_dict(), tmp))
+        write_json(os.path.join(out, "metrics.json"), metrics)
+        if os.path.exists(ckpt_path):
+            os.remove(ckpt_path)
+    return metrics
+
+
+def load_run(path: str, device: str = "cpu"):
+    """(model, cfg) of a finished run folder, for notebooks: model, cfg = mech.load_run('runs/...')."""
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = Config(**json.load(f))
+    model = build_model(cfg, make_task(cfg).vocab_size)
+    model.load_state_dict(torch.load(os.path.join(path, "model.pt"), map_location=device))
+    return model.to(device).eval(), cfg
+
+
+# ─────────────────────────────────────────────────────────────────────────────────────────────
+# 4. Command line
+# ─────────────────────────────────────────────────────────────────────────────────────────────
+
+# A preset fills in Config defaults; explicit flags override it.
+PRESETS = {
+    # the paper's protocol (PAPER.md §5): 100,032 fixed documents x 16 epochs = 50,016 steps, batch 32
+    "paper": dict(num_kv=8192, n_train=100_032, epochs=16, batch_size=32, eval_every=200),
+    # calibrated on 2 CPU cores (README): the paper's task, documents and loss, a shorter schedule
+    "cpu": dict(num_kv=8192, n_train=100_032, steps=20_000, batch_size=32, eval_every=500),
+}
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit code 2 (argparse would print the whole usage first)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="mech.py", description="Train one model of the paper on its task and save the run. "
+               "Every Config field is a flag; --preset sets the defaults.",
+               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--preset", default="cpu", help="defaults to start from: " + ", ".join(PRESETS))
+    for f in dataclasses.fields(Config):
+        kind = next((t for t in getattr(f.type, "__args__", (f.type,)) if t is not type(None)))
+        names = [f.metadata["flag"]] if f.metadata["flag"] else []
+        names.append("--" + f.name.replace("_", "-"))
+        extra = dict(action=argparse.BooleanOptionalAction) if kind is bool else dict(type=kind)
+        p.add_argument(*names, dest=f.name, default=argparse.SUPPRESS, help=f.metadata["help"], **extra)
+    p.add_argument("--out", help="run folder (default: runs/<task>_<arch>_..._<config hash>)")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
+    p.add_argument("--force", action="store_true", help="retrain even if the run folder holds a finished run")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    names = {f.name for f in dataclasses.fields(Config)}
+    if args.preset not in PRESETS:
+        raise ValueError(f"unknown preset {args.preset!r}; choose from {', '.join(PRESETS)}")
+    given = {k: v for k, v in vars(args).items() if k in names}
+    return Config(**{**PRESETS[args.preset], **given})
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        cfg = config_from_args(args)
+        if args.threads is not None:
+            if args.threads < 1:
+                raise ValueError(f"--threads must be >= 1, got {args.threads}")
+            torch.set_num_threads(args.threads)
+        resolve_device(args.device)
+    except ValueError as e:
+        parser.error(str(e))
+    out = args.out or default_out(cfg)
+    log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, flush=True))
+    done = os.path.join(out, "metrics.json")
+    if os.path.exists(done) and not args.force:
+        with open(os.path.join(out, "config.json")) as f:
+            if json.load(f) == json.loads(json.dumps(dataclasses.asdict(cfg))):
+                with open(done) as g:
+                    m = json.load(g)
+                print(f"{out} already holds this run: test accuracy {m['accuracy']:.3f} (--force retrains)")
+                return m
+    if args.force:
+        for name in ("checkpoint.pt", "metrics.json"):
+            if os.path.exists(os.path.join(out, name)):
+                os.remove(os.path.join(out, name))
+    try:
+        m = train(cfg, out, device=args.device, log=log)
+    except Diverged as e:
+        parser.exit(1, f"{parser.prog}: {e}\n")
+    n = cfg.n_eval
+    print(f"{cfg.arch} on {cfg.task}: test accuracy {m['accuracy']:.3f} ({round(m['accuracy'] * n)}/{n}) "
+          f"after {m['steps']:,} steps in {m['wall_time_s'] / 60:.1f} min ({m['steps_per_s']:.1f} steps/s); "
+          f"saved in {out}")
+    return m
+
+
+if __name__ == "__main__":
+    main()
