@@ -57,6 +57,7 @@ import hashlib
 import json
 import math
 import os
+import platform
 import sys
 import time
 import warnings
@@ -513,10 +514,13 @@ def scan_extension():
         from torch.utils.cpp_extension import CUDA_HOME, load
         src = os.path.join(HERE, "scan_ext")
         cuda = torch.cuda.is_available() and CUDA_HOME is not None
+        # -march=native code runs only on CPUs like this one: name the build after the CPU, so that
+        # a cache shared with other machines never hands them a binary they cannot execute
+        cpu = zlib.crc32(platform.processor().encode() + cpu_flags().encode())
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                _scan_ext = load(name="mech_scan_cuda" if cuda else "mech_scan",
+                _scan_ext = load(name=f"mech_scan{'_cuda' if cuda else ''}_{cpu:08x}",
                                  sources=[os.path.join(src, "selective_scan.cpp")]
                                  + ([os.path.join(src, "selective_scan_cuda.cu")] if cuda else []),
                                  extra_cflags=["-O3", "-fopenmp", "-ffast-math", "-march=native"]
@@ -527,6 +531,15 @@ def scan_extension():
     if isinstance(_scan_ext, Exception):
         raise _scan_ext
     return _scan_ext
+
+
+def cpu_flags() -> str:
+    """The CPU's feature flags (Linux), or '' where /proc/cpuinfo does not exist."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return ""
 
 
 class SelectiveScanFn(torch.autograd.Function):
@@ -546,6 +559,7 @@ class SelectiveScanFn(torch.autograd.Function):
         return scan_extension().fwd(u, delta, A, B, C, D, z, delta_bias, delta_softplus).to(dtype)
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # the kernel has no double backward
     def backward(ctx, dout):
         u, delta, A, B, C, D, z, delta_bias = ctx.saved_tensors
         grads = scan_extension().bwd(dout.to(u.dtype), u, delta, A, B, C, D, z, delta_bias, ctx.delta_softplus)
@@ -566,10 +580,11 @@ def selective_scan_ref(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta
     write = (delta * u)[..., None] * B.transpose(1, 2)[:, None]     # (b, d, l, n): Δ_t u_t B_t
     h = u.new_zeros(u.shape[0], u.shape[1], A.shape[1])             # (b, d, n)
     ys = []
-    for t in range(u.shape[2]):
-        h = decay[:, :, t] * h + write[:, :, t]
-        ys.append(torch.einsum("bdn,bn->bd", h, C[:, :, t]))
-    y = torch.stack(ys, dim=-1)                                     # (b, d, l)
+    # unbind, not [:, :, t]: the backward of indexing builds a full-size zero tensor at every step
+    for decay_t, write_t, C_t in zip(decay.unbind(2), write.unbind(2), C.unbind(2)):
+        h = decay_t * h + write_t
+        ys.append(torch.einsum("bdn,bn->bd", h, C_t))
+    y = torch.stack(ys, dim=-1) if ys else u.new_zeros(u.shape)    # (b, d, l)
     if D is not None:
         y = y + D[:, None] * u
     if z is not None:
@@ -692,12 +707,8 @@ class Block(nn.Module):
         self.mixer = mixer
         self.norm2, self.mlp = (None, None) if mamba else (nn.LayerNorm(d), MLP(d))  # Mamba: no MLP
 
-    def forward(self, x, at=None):             # x: (B, L, d)
-        y = self.mixer(self.norm1(x))          # sequence mixing
-        if at is not None:                     # keep only row at[b] of each sequence: (B, d)
-            rows = torch.arange(len(x), device=x.device)
-            x, y = x[rows, at], y[rows, at]
-        x = x + y
+    def forward(self, x):                      # x: (B, L, d)
+        x = x + self.mixer(self.norm1(x))      # sequence mixing
         if self.mlp is not None:
             x = x + self.mlp(self.norm2(x))    # per-position MLP
         return x
@@ -737,15 +748,16 @@ class LanguageModel(nn.Module):
 
     def forward(self, ids, at=None):
         """ids: (B, L). Returns logits (B, L, V), or (B, V) at one position per row if `at` (B,) is
-        given: the task is scored at the Query only, so the last block's MLP and the (V x d) head
-        need not see the other positions."""
+        given: the task is scored at the Query only, and the (V x d) head is most of the cost."""
         if ids.shape[1] > L_MAX:
             raise ValueError(f"sequence length {ids.shape[1]} exceeds the model's maximum {L_MAX}")
         x = self.tok_emb(ids)                                                  # (B, L, d)
         if self.pos_emb is not None:
             x = x + self.pos_emb.weight[:ids.shape[1]]
-        for i, block in enumerate(self.blocks):  # the last block need only compute the scored rows
-            x = block(x, at if i == len(self.blocks) - 1 else None)          # (B, L, d), last (B, d)
+        for block in self.blocks:
+            x = block(x)                                                       # (B, L, d)
+        if at is not None:
+            x = x[torch.arange(len(x), device=x.device), at]                  # (B, d)
         return F.linear(self.norm_f(x), self.tok_emb.weight)                   # (B, [L,] V), tied head
 
 
@@ -815,7 +827,9 @@ class Config:
     batch_size: int = opt(32, "training batch size")
     lr: float = opt(1e-3, "peak learning rate (paper grid: 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2)")
     warmup_frac: float = opt(0.1, "fraction of the steps spent in linear warmup")
-    schedule: str = opt("cosine", "decay after warmup: cosine or linear (both to 0)")
+    schedule: str = opt("cosine", "after warmup: cosine or linear decay to 0 over the remaining steps, or wsd "
+                                  "(warmup-stable-decay: hold the peak, then decay linearly to 0 over the last decay_frac)")
+    decay_frac: float = opt(0.2, "wsd: fraction of the steps spent decaying at the end")
     weight_decay: float = opt(0.0, "AdamW weight decay (the paper: 0)")
     eval_every: int = opt(500, "steps between evaluations on the test documents")
     seed: int = opt(42, "seed for the data and the initial weights")
@@ -862,7 +876,10 @@ def check(cfg: Config):
     need(cfg.steps is None or cfg.steps >= 1, f"steps must be >= 1, got {cfg.steps}")
     need(cfg.lr > 0, f"lr must be > 0, got {cfg.lr}")
     need(0 <= cfg.warmup_frac < 1, f"warmup_frac must be in [0, 1), got {cfg.warmup_frac}")
-    need(cfg.schedule in ("cosine", "linear"), f"unknown schedule {cfg.schedule!r}; choose from cosine, linear")
+    need(cfg.schedule in ("cosine", "linear", "wsd"),
+         f"unknown schedule {cfg.schedule!r}; choose from cosine, linear, wsd")
+    need(0 < cfg.decay_frac <= 1 - cfg.warmup_frac,
+         f"decay_frac must be in (0, 1 - warmup_frac], got {cfg.decay_frac}")
     need(cfg.weight_decay >= 0, f"weight_decay must be >= 0, got {cfg.weight_decay}")
 
 
@@ -873,11 +890,15 @@ def build_model(cfg: Config, vocab_size: int) -> LanguageModel:
 
 def lr_at(step: int, cfg: Config) -> float:
     """Linear warmup over int(warmup_frac * total) steps, then cosine (or linear) decay to 0, as
-    HuggingFace's get_cosine_schedule_with_warmup: the first update has learning rate 0."""
+    HuggingFace's get_cosine_schedule_with_warmup (the paper's): the first update has learning rate 0.
+    "wsd" holds the peak after warmup and decays linearly to 0 over the last decay_frac of the steps."""
     total = cfg.total_steps
     warm = int(cfg.warmup_frac * total)
     if step < warm:
         return cfg.lr * step / warm
+    if cfg.schedule == "wsd":
+        decay = int(cfg.decay_frac * total)
+        return cfg.lr * min(1.0, (total - step) / max(1, decay))
     progress = (step - warm) / max(1, total - warm)
     if cfg.schedule == "linear":
         return cfg.lr * max(0.0, 1 - progress)

@@ -1,0 +1,449 @@
+"""The selective-scan backends: the compiled extension of scan_ext/ ("ext") against the PyTorch loop
+("ref", mech.selective_scan_ref), which is itself checked against a per-step loop in test_models.py.
+
+Tolerances follow upstream mamba-ssm's tests/ops/test_selective_scan.py (ARCHITECTURES.md §3.7):
+fp32 (rtol 6e-4, atol 2e-3) for the output and every gradient, looser for delta (rtol x5, atol x10)
+and A (1e-3, 5e-3); float64 agrees to round-off. Tests that need the extension skip, with the
+reason, where it cannot be built (no compiler); CUDA tests skip where torch sees no GPU.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+import mech
+
+ARGS = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
+
+
+def scan_extension_or_skip():
+    try:
+        return mech.scan_extension()
+    except RuntimeError as e:  # no compiler here: the reference loop is what runs
+        pytest.skip(f"the scan extension cannot be built: {e}")
+
+
+def cuda_or_skip():
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    ext = scan_extension_or_skip()
+    if not ext.has_cuda():
+        pytest.skip("the scan extension was built without its CUDA kernel (no nvcc?)")
+    return ext
+
+
+# ── inputs ───────────────────────────────────────────────────────────────────────────────────
+
+def scan_problem(nb, nd, nl, nn_, use_D=True, use_z=True, use_bias=True, softplus=True,
+                 dtype=torch.float32, device="cpu", layout="contiguous", seed=0):
+    """Random inputs for selective_scan, as a function that returns a fresh set of arguments (with
+    their own autograd leaves) on each call, so that each backend gets its own graph.
+
+    delta: a pre-activation of either sign with softplus, with one step beyond its threshold 20;
+    without softplus, positive (with a positive bias), as upstream: negative steps make h explode.
+    layout: "contiguous" (b, d, l) and (b, n, l) tensors; "transposed": u, delta, z transposed views
+    of (b, l, d) tensors and B, C of (b, l, n) tensors; "mamba": as Mamba.forward passes them, u and
+    z the two halves of one (b, l, 2d) projection, B and C slices of one (b, l, R + 2n) projection.
+    """
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
+    pos = lambda *s: 0.5 * torch.rand(*s, generator=g, dtype=torch.float64)
+    values = dict(u=r(nb, nd, nl), delta=r(nb, nd, nl) if softplus else pos(nb, nd, nl),
+                  A=-torch.exp(r(nd, nn_)), B=r(nb, nn_, nl), C=r(nb, nn_, nl), D=r(nd), z=r(nb, nd, nl),
+                  delta_bias=0.3 * r(nd) if softplus else pos(nd))
+    if softplus and nl > 2:
+        values["delta"][:, :, 1] = 21.0
+    used = dict(D=use_D, z=use_z, delta_bias=use_bias)
+    T = lambda x: x.transpose(1, 2)
+
+    def make():
+        leaf = lambda x: x.to(dtype=dtype, device=device).requires_grad_()
+        if layout == "contiguous":
+            args = {k: leaf(v) for k, v in values.items()}
+        elif layout == "transposed":
+            args = {k: leaf(T(v).contiguous() if v.dim() == 3 else v) for k, v in values.items()}
+            args.update({k: T(args[k]) for k in ("u", "delta", "z", "B", "C")})  # (b, d, l), (b, n, l) views
+        elif layout == "mamba":
+            xz = leaf(torch.cat([T(values["u"]), T(values["z"])], dim=-1))                # (b, l, 2d)
+            proj = leaf(torch.cat([r(nb, nl, 3), T(values["B"]), T(values["C"])], dim=-1))  # (b, l, R+2n)
+            dt = leaf(T(values["delta"]).contiguous())                                   # (b, l, d)
+            x, z = xz.chunk(2, dim=-1)
+            _, B, C = proj.split([3, nn_, nn_], dim=-1)
+            args = dict(u=T(x), delta=T(dt), z=T(z), B=T(B), C=T(C),
+                        **{k: leaf(values[k]) for k in ("A", "D", "delta_bias")})
+        else:
+            raise ValueError(layout)
+        return {k: None if not used.get(k, True) else args[k] for k in ARGS}
+
+    return make
+
+
+def run_scan(args, softplus, backend, G=None, seed=1):
+    """The output and the gradients of <out, G> w.r.t. each argument given (G random if not given)."""
+    out = mech.selective_scan(**args, delta_softplus=softplus, backend=backend)
+    if G is None:
+        g = torch.Generator().manual_seed(seed)
+        G = torch.randn(out.shape, generator=g, dtype=torch.float64).to(out)
+    names = [k for k in ARGS if args[k] is not None]
+    grads = torch.autograd.grad(out, [args[k] for k in names], G)
+    return out.detach(), dict(zip(names, grads))
+
+
+TOL32 = {"out": (6e-4, 2e-3), "delta": (5 * 6e-4, 10 * 2e-3), "A": (1e-3, 5e-3)}  # others: "out"'s
+TOL64 = (1e-10, 1e-12)
+
+
+def assert_same_scan(got, want, tol=None):
+    (out_g, grads_g), (out_w, grads_w) = got, want
+    assert out_g.dtype == out_w.dtype and out_g.shape == out_w.shape
+    assert grads_g.keys() == grads_w.keys()
+    for name, a, b in [("out", out_g, out_w), *((k, grads_g[k], grads_w[k]) for k in grads_w)]:
+        rtol, atol = tol or TOL32.get(name, TOL32["out"])
+        assert a.shape == b.shape, name
+        torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
+
+
+# ── ext against ref ──────────────────────────────────────────────────────────────────────────
+
+# (batch, channels, length, state, use D, use z, use delta_bias, softplus): each of L in
+# {1, 2, 37, 64, 271}, N in {1, 16, 64}, B = 1 and the odd channel count 7 occurs with each option on
+# and off, rather than the full product.
+SCAN_GRID = [
+    (1, 1, 1, 1, False, False, False, False),
+    (1, 7, 1, 16, True, True, True, True),
+    (2, 3, 1, 64, False, True, False, True),
+    (2, 7, 2, 1, True, False, True, False),
+    (1, 3, 2, 64, False, True, False, True),
+    (2, 7, 2, 16, True, True, False, False),
+    (2, 7, 37, 16, True, True, True, True),     # as Mamba uses it, at the paper's length
+    (2, 7, 37, 16, False, False, False, False),
+    (1, 8, 37, 64, True, False, False, True),
+    (3, 5, 37, 1, False, True, True, False),
+    (4, 7, 37, 16, True, False, True, True),
+    (2, 7, 64, 16, True, True, False, False),
+    (2, 4, 64, 64, False, False, True, True),
+    (1, 7, 64, 1, True, True, True, False),
+    (2, 6, 64, 16, False, True, False, True),
+    (2, 7, 271, 16, True, True, True, True),
+    (1, 7, 271, 64, False, True, True, True),
+    (2, 3, 271, 1, True, False, False, False),
+    (1, 16, 271, 16, False, False, True, False),
+    (2, 7, 271, 64, True, False, True, False),
+    (1, 2, 271, 16, True, True, False, True),
+    (2, 7, 5, 16, False, True, True, False),
+]
+
+
+@pytest.mark.parametrize("nb, nd, nl, nn_, use_D, use_z, use_bias, softplus", SCAN_GRID)
+def test_ext_matches_ref_fp32(nb, nd, nl, nn_, use_D, use_z, use_bias, softplus):
+    scan_extension_or_skip()
+    make = scan_problem(nb, nd, nl, nn_, use_D, use_z, use_bias, softplus, seed=nl * 7 + nn_)
+    got, want = run_scan(make(), softplus, "ext"), run_scan(make(), softplus, "ref")
+    assert got[0].dtype == torch.float32
+    assert_same_scan(got, want)
+
+
+@pytest.mark.parametrize("nb, nd, nl, nn_, use_D, use_z, use_bias, softplus", [
+    (2, 7, 37, 16, True, True, True, True),
+    (1, 3, 271, 64, False, False, False, False),
+    (2, 5, 1, 1, True, True, True, False),
+    (1, 7, 64, 16, False, True, True, True),
+])
+def test_ext_matches_ref_fp64(nb, nd, nl, nn_, use_D, use_z, use_bias, softplus):
+    scan_extension_or_skip()
+    make = scan_problem(nb, nd, nl, nn_, use_D, use_z, use_bias, softplus, dtype=torch.float64, seed=nl)
+    got, want = run_scan(make(), softplus, "ext"), run_scan(make(), softplus, "ref")
+    assert got[0].dtype == torch.float64
+    assert_same_scan(got, want, TOL64)
+
+
+@pytest.mark.parametrize("layout", ["transposed", "mamba"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_ext_reads_strided_inputs(layout, dtype):
+    """u, delta, z (and B, C) as the non-contiguous views Mamba passes: the kernel reads them through
+    their strides, with the same results as from contiguous copies (bit for bit) and as the loop."""
+    scan_extension_or_skip()
+    kw = dict(nb=2, nd=7, nl=37, nn_=16, dtype=dtype, seed=3)
+    strided = scan_problem(**kw, layout=layout)
+    args = strided()
+    assert not args["u"].is_contiguous() and not args["z"].is_contiguous() and not args["B"].is_contiguous()
+    if layout == "transposed":
+        assert not args["delta"].is_contiguous()
+    got = run_scan(args, True, "ext")
+    assert_same_scan(got, run_scan(strided(), True, "ref"), TOL64 if dtype == torch.float64 else None)
+    out_c, grads_c = run_scan(scan_problem(**kw, layout="contiguous")(), True, "ext")
+    assert torch.equal(got[0], out_c)
+    for k in grads_c:
+        assert torch.equal(got[1][k], grads_c[k]), k
+
+
+def test_ext_keeps_low_precision_dtypes():
+    """bf16 inputs: computed in fp32 by both backends (as upstream), returned in bf16."""
+    scan_extension_or_skip()
+    make = scan_problem(2, 4, 9, 4, dtype=torch.bfloat16)
+    (out_e, g_e), (out_r, g_r) = run_scan(make(), True, "ext"), run_scan(make(), True, "ref")
+    assert out_e.dtype == torch.bfloat16 and all(g.dtype == torch.bfloat16 for g in g_e.values())
+    torch.testing.assert_close(out_e, out_r, rtol=1.6e-2, atol=1e-2)
+    for k in g_r:
+        torch.testing.assert_close(g_e[k], g_r[k], rtol=3e-2, atol=5e-2, msg=k)
+
+
+@pytest.mark.parametrize("use_D, use_z, use_bias, softplus", [
+    (True, True, True, True),
+    (False, False, False, False),
+    (True, False, True, False),
+    (False, True, False, True),
+    (True, True, False, True),
+])
+def test_ext_gradcheck(use_D, use_z, use_bias, softplus):
+    scan_extension_or_skip()
+    args = scan_problem(2, 3, 5, 4, use_D, use_z, use_bias, softplus, dtype=torch.float64, seed=11)()
+    names = [k for k in ARGS if args[k] is not None]
+
+    def f(*xs):
+        return mech.selective_scan(**{**args, **dict(zip(names, xs))}, delta_softplus=softplus, backend="ext")
+
+    assert torch.autograd.gradcheck(f, [args[k] for k in names], eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+def test_ext_gradcheck_strided():
+    scan_extension_or_skip()
+    make = scan_problem(2, 3, 5, 4, dtype=torch.float64, layout="transposed", seed=12)
+    args = make()
+    base = {k: v._base if v is not None and v._base is not None else v for k, v in args.items()}
+    views = {k for k in ARGS if args[k] is not base[k]}
+    names = list(ARGS)
+
+    def f(*xs):
+        a = {k: x.transpose(1, 2) if k in views else x for k, x in zip(names, xs)}
+        return mech.selective_scan(**a, delta_softplus=True, backend="ext")
+
+    assert torch.autograd.gradcheck(f, [base[k] for k in names], eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+# ── threads ──────────────────────────────────────────────────────────────────────────────────
+
+def test_ext_is_built_with_openmp():
+    ext = scan_extension_or_skip()
+    assert ext.openmp(), "compiled without -fopenmp: at::parallel_for would run on one thread"
+    assert ext.max_threads() >= 1
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert ext.max_threads() == 2  # the kernel sees torch's thread count
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_ext_results_do_not_depend_on_thread_count():
+    """The forward splits (b, d) channels across threads and the backward batch rows; dA, dD and
+    d(bias) are reduced per row in a fixed order, so 1 and 2 threads give identical bits."""
+    scan_extension_or_skip()
+    make = scan_problem(8, 32, 37, 16, layout="transposed", seed=5)
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            results.append(run_scan(make(), True, "ext"))
+    finally:
+        torch.set_num_threads(before)
+    (out1, g1), (out2, g2) = results
+    assert torch.equal(out1, out2)
+    for k in g1:
+        assert torch.equal(g1[k], g2[k]), k
+
+
+# ── cost ─────────────────────────────────────────────────────────────────────────────────────
+
+class CountElements(TorchDispatchMode):
+    """Counts the elements of every tensor the ops run under it produce: a deterministic measure of
+    work and memory traffic, unlike a timing."""
+    n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.n += sum(t.numel() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
+        return out
+
+
+def elements_made_by_backward(backend, L):
+    out = mech.selective_scan(**scan_problem(1, 4, L, 4)(), delta_softplus=True, backend=backend)
+    with CountElements() as count:
+        out.sum().backward()
+    return count.n
+
+
+@pytest.mark.parametrize("backend", ["ext", "ref"])
+def test_backward_work_is_linear_in_length(backend):
+    if backend == "ext":
+        scan_extension_or_skip()
+    short, long = elements_made_by_backward(backend, 128), elements_made_by_backward(backend, 256)
+    assert long < 2.5 * short, (short, long)  # linear: 2x; quadratic: 4x
+
+
+# ── inside Mamba ─────────────────────────────────────────────────────────────────────────────
+
+def test_mamba_layer_same_with_either_scan_backend():
+    scan_extension_or_skip()
+    torch.manual_seed(0)
+    ext = mech.Mamba(16, scan="ext")
+    ref = mech.Mamba(16, scan="ref")
+    ref.load_state_dict(ext.state_dict())
+    x = torch.randn(2, 37, 16, requires_grad=True)
+    y_ext, y_ref = ext(x), ref(x)
+    torch.testing.assert_close(y_ext, y_ref, rtol=6e-4, atol=2e-5)
+    g_ext = torch.autograd.grad(y_ext.square().sum(), [x, *ext.parameters()])
+    g_ref = torch.autograd.grad(y_ref.square().sum(), [x, *ref.parameters()])
+    for (name, _), a, b in zip([("x", None), *ext.named_parameters()], g_ext, g_ref):
+        torch.testing.assert_close(a, b, rtol=2e-3, atol=1e-4, msg=name)
+
+
+def train_losses(scan, steps=20):
+    cfg = mech.Config(arch="mamba", d_model=16, num_kv=64, scan=scan, seed=3)
+    task = mech.make_task(cfg)
+    model = mech.build_model(cfg, task.vocab_size)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for step in range(steps):
+        batch = task.sample(16, mech.rng_for(cfg.seed, f"scan-test-{step}"))
+        loss = F.cross_entropy(model(batch.ids, at=batch.pos["query"]), batch.answer)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_mamba_lm_trains_the_same_with_either_backend():
+    scan_extension_or_skip()
+    ext, ref = train_losses("ext"), train_losses("ref")
+    assert ext[-1] < ext[0]
+    assert ext == pytest.approx(ref, rel=0, abs=1e-4)
+
+
+# ── CUDA ─────────────────────────────────────────────────────────────────────────────────────
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("nb, nd, nl, nn_, use_D, use_z, use_bias, softplus, layout", [
+    (2, 7, 37, 16, True, True, True, True, "mamba"),
+    (1, 3, 1, 1, False, False, False, False, "contiguous"),
+    (2, 33, 271, 64, True, False, True, False, "transposed"),
+    (1, 5, 64, 100, False, True, False, True, "contiguous"),   # N > 64: the largest template
+])
+def test_ext_matches_ref_cuda(nb, nd, nl, nn_, use_D, use_z, use_bias, softplus, layout, dtype):
+    cuda_or_skip()
+    make = scan_problem(nb, nd, nl, nn_, use_D, use_z, use_bias, softplus, dtype=dtype, device="cuda",
+                        layout=layout, seed=nl)
+    got, want = run_scan(make(), softplus, "ext"), run_scan(make(), softplus, "ref")
+    assert got[0].is_cuda and all(g.is_cuda for g in got[1].values())
+    assert_same_scan(got, want, TOL64 if dtype == torch.float64 else None)
+    again = run_scan(make(), softplus, "ext")  # no atomics: deterministic
+    assert torch.equal(again[0], got[0]) and all(torch.equal(again[1][k], got[1][k]) for k in got[1])
+
+
+def test_ext_cuda_matches_cpu():
+    cuda_or_skip()
+    make_cpu = scan_problem(4, 16, 37, 16, layout="mamba")
+    make_gpu = scan_problem(4, 16, 37, 16, layout="mamba", device="cuda")
+    (out_c, g_c), (out_g, g_g) = run_scan(make_cpu(), True, "ext"), run_scan(make_gpu(), True, "ext")
+    assert_same_scan((out_g.cpu(), {k: v.cpu() for k, v in g_g.items()}), (out_c, g_c))
+
+
+def test_mamba_layer_on_cuda_same_with_either_backend():
+    cuda_or_skip()
+    torch.manual_seed(0)
+    ext = mech.Mamba(16, scan="ext").cuda()
+    ref = mech.Mamba(16, scan="ref").cuda()
+    ref.load_state_dict(ext.state_dict())
+    x = torch.randn(4, 37, 16, device="cuda", requires_grad=True)
+    y_ext, y_ref = ext(x), ref(x)
+    torch.testing.assert_close(y_ext, y_ref, rtol=6e-4, atol=2e-5)
+    g_ext = torch.autograd.grad(y_ext.square().sum(), [x, *ext.parameters()])
+    g_ref = torch.autograd.grad(y_ref.square().sum(), [x, *ref.parameters()])
+    for (name, _), a, b in zip([("x", None), *ext.named_parameters()], g_ext, g_ref):
+        torch.testing.assert_close(a, b, rtol=2e-3, atol=1e-4, msg=name)
+
+
+# ── choosing the backend ─────────────────────────────────────────────────────────────────────
+
+def small_args():
+    return scan_problem(1, 2, 3, 4)()
+
+
+def test_backend_ext_fails_clearly_without_the_extension(monkeypatch):
+    monkeypatch.setattr(mech, "_scan_ext", RuntimeError("no compiler"))
+    with pytest.raises(RuntimeError, match="scan backend 'ext' is unavailable: no compiler"):
+        mech.selective_scan(**small_args(), backend="ext")
+    with pytest.raises(RuntimeError, match="unavailable"):
+        mech.Mamba(16, scan="ext")(torch.randn(1, 5, 16))
+
+
+def test_backend_auto_falls_back_to_the_loop_and_warns_once(monkeypatch, capsys):
+    monkeypatch.setattr(mech, "_scan_ext", RuntimeError("no compiler"))
+    monkeypatch.setattr(mech, "_warned", set())
+    args = small_args()
+    want = mech.selective_scan(**args, delta_softplus=True, backend="ref")
+    capsys.readouterr()
+    for _ in range(2):
+        torch.testing.assert_close(mech.selective_scan(**args, delta_softplus=True, backend="auto"),
+                                   want, rtol=0, atol=0)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.endswith("\n"), err
+    assert "no compiler" in err and "reference loop" in err and err.startswith("mech.py: warning:")
+
+
+def test_backend_auto_uses_the_extension_when_it_builds(monkeypatch):
+    scan_extension_or_skip()
+    called = []
+    real = mech.SelectiveScanFn.apply
+    monkeypatch.setattr(mech.SelectiveScanFn, "apply", lambda *a: called.append(1) or real(*a))
+    mech.selective_scan(**small_args(), backend="auto")
+    assert called
+
+
+def test_unknown_backend_is_named():
+    with pytest.raises(ValueError, match="'cuda'.*auto, ext, ref"):
+        mech.selective_scan(**small_args(), backend="cuda")
+    with pytest.raises(ValueError, match="'fast'"):
+        mech.Config(arch="mamba", scan="fast")
+
+
+def test_ext_without_cuda_kernel_refuses_cuda_tensors():
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    ext = scan_extension_or_skip()
+    if ext.has_cuda():
+        pytest.skip("the extension has its CUDA kernel")
+    args = {k: v if v is None else v.detach().cuda() for k, v in small_args().items()}
+    with pytest.raises(RuntimeError, match="without its CUDA kernel"):
+        mech.selective_scan(**args, backend="ext")
+
+
+# ── robustness ───────────────────────────────────────────────────────────────────────────────
+
+@pytest.mark.parametrize("name", ["D", "delta_bias"])
+def test_ext_rejects_or_broadcasts_misshapen_vectors(name):
+    scan_extension_or_skip()
+    args = {k: v if v is None else v.detach() for k, v in scan_problem(2, 7, 5, 4)().items()}
+    args[name] = torch.full((1,), 0.5)
+    want = mech.selective_scan(**args, delta_softplus=True, backend="ref")  # broadcasts the (1,) vector
+    try:
+        got = mech.selective_scan(**args, delta_softplus=True, backend="ext")
+    except (RuntimeError, ValueError):
+        return  # a clear error is fine too
+    torch.testing.assert_close(got, want, rtol=6e-4, atol=2e-3)
+
+
+def test_ext_double_backward_raises():
+    # The kernel has no second derivative: differentiating twice through it must fail loudly rather
+    # than silently drop the scan's terms. (.backward() visits every node; torch.autograd.grad with
+    # inputs= prunes the erroring node when another path reaches the inputs, a torch limitation.)
+    scan_extension_or_skip()
+    args = scan_problem(1, 2, 4, 3, dtype=torch.float64)()
+    u = args["u"]
+    loss = mech.selective_scan(**args, delta_softplus=True, backend="ext").square().sum() + u.pow(3).sum()
+    (gu,) = torch.autograd.grad(loss, u, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        gu.sum().backward()
