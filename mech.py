@@ -253,8 +253,8 @@ def causal_long_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     L = u.shape[1]
     # T[c, t, s] = k[c, t-s] (0 for s > t): row t of this Toeplitz matrix is a window of the reversed,
     # left-padded filter, so unfold builds all rows as one view
-    T = F.pad(k, (L - 1, 0)).flip(-1).unfold(-1, L, 1).flip(1)    # (C, L, L)
-    return (T @ u.permute(2, 1, 0)).permute(2, 1, 0)              # (C, L, L) @ (C, L, B) -> (B, L, C)
+    T = F.pad(k, (L - 1, 0)).flip(-1).unfold(-1, L, 1).flip(1).contiguous()    # (C, L, L)
+    return (T @ u.permute(2, 1, 0).contiguous()).permute(2, 1, 0)              # (C, L, B) -> (B, L, C)
 
 
 def filter_time_grid():
@@ -386,9 +386,10 @@ class H3(nn.Module):
         self.D = nn.Parameter(torch.randn(H))
         self.output_linear = nn.Linear(d, d)
 
-    def shift_kernel(self, L):  # (d, L): K[c, l] = Σ_j B[c, j] C[c, j + l], a grouped cross-correlation
-        d = self.shift_C.shape[0]
-        return F.conv1d(F.pad(self.shift_C, (0, L - 1))[None], self.shift_B[:, None], groups=d)[0]
+    def shift_kernel(self, L):  # (d, L): K[c, l] = Σ_j B[c, j] C[c, j + l], a cross-correlation (by FFT)
+        N = self.shift_B.shape[1]      # zero-padded to 2N, so that the FFT's wrap-around adds nothing
+        spectrum = torch.fft.rfft(self.shift_B, n=2 * N).conj() * torch.fft.rfft(self.shift_C, n=2 * N)
+        return F.pad(torch.fft.irfft(spectrum, n=2 * N)[:, :min(L, N)], (0, max(0, L - N)))  # 0 past lag N-1
 
     def diag_kernel(self, L):   # (H, L), S4D with bilinear discretisation
         dt = self.log_dt.exp()[:, None]                                         # (H, 1)
@@ -396,23 +397,35 @@ class H3(nn.Module):
         dtA = A * dt
         dA = (1 + dtA / 2) / (1 - dtA / 2)
         C = torch.view_as_complex(self.B) * torch.view_as_complex(self.C) * dt / (1 - dtA / 2)
-        # dA^l = |dA|^l (cos lθ + i sin lθ) with θ = arg dA: the (H, N/2, L) part in real arithmetic,
-        # which is many times faster than complex exp and einsum on a CPU
-        l = torch.arange(L, device=dt.device)
-        mag, ang = torch.exp(l * dA.abs().log()[..., None]), l * dA.angle()[..., None]  # (H, N/2, L)
-        return 2 * (torch.einsum("hn,hnl->hl", C.real, mag * torch.cos(ang))
-                    - torch.einsum("hn,hnl->hl", C.imag, mag * torch.sin(ang)))
+        # The Vandermonde sum, without an (H, N/2, L) table of powers: write l = s j + i with s ≈ √L,
+        # so dA^l = dA^(s j) dA^i and K[s j + i] = 2 Re Σ_n (C_n dA_n^(s j)) dA_n^i, one small matmul
+        # per head over two tables of √L powers each. Powers are |dA|^l (cos lθ + i sin lθ), θ = arg
+        # dA, in real arithmetic: complex exp and matmul are many times slower on a CPU.
+        s = math.isqrt(L - 1) + 1
+        J = -(-L // s)
+        log_r, theta = dA.abs().log()[..., None], dA.angle()[..., None]          # (H, N/2, 1)
+
+        def powers(exponents):  # dA^l for each l in exponents: real and imaginary parts (H, N/2, len)
+            mag, ang = torch.exp(exponents * log_r), exponents * theta
+            return mag * torch.cos(ang), mag * torch.sin(ang)
+        small_re, small_im = powers(torch.arange(s, device=dt.device))           # dA^i, i < s
+        big_re, big_im = powers(s * torch.arange(J, device=dt.device))           # dA^(s j), j < J
+        Cr, Ci = C.real[..., None], C.imag[..., None]
+        X_re, X_im = Cr * big_re - Ci * big_im, Cr * big_im + Ci * big_re        # C dA^(s j)
+        K = 2 * (X_re.transpose(1, 2) @ small_re - X_im.transpose(1, 2) @ small_im)  # (H, J, s)
+        return K.flatten(1)[:, :L]
 
     def forward(self, u):
         B, L, d = u.shape
         p, H = self.p, self.H
         q, k, v = self.q_proj(u), self.k_proj(u), self.v_proj(u)                # (B, L, d) each
         k = causal_long_conv(k, self.shift_kernel(L)) + self.shift_D * k
-        heads = lambda x: x.view(B, L, H, p).transpose(2, 3)                    # (B, L, p, H): channel h p + i
-        kv = heads(k)[:, :, :, None, :] * heads(v)[:, :, None, :, :]            # (B, L, p_i, p_j, H)
+        # heads last and contiguous: with p = 2 innermost, every elementwise op below would crawl
+        q, k, v = (x.view(B, L, H, p).transpose(2, 3).contiguous() for x in (q, k, v))  # (B, L, p, H)
+        kv = k[:, :, :, None] * v[:, :, None]                                   # (B, L, p_i, p_j, H)
         K = self.diag_kernel(L).repeat(p * p, 1)                                # (p p H, L), shared over i, j
-        Y = causal_long_conv(kv.reshape(B, L, p * p * H), K).view(B, L, p, p, H) + self.D * kv
-        y = (heads(q)[:, :, :, None, :] * Y).sum(2)                             # (B, L, p_j, H)
+        Y = causal_long_conv(kv.view(B, L, p * p * H), K).view(B, L, p, p, H) + self.D * kv
+        y = (q[:, :, :, None] * Y).sum(2)                                       # (B, L, p_j, H)
         return self.output_linear(y.reshape(B, L, d))                           # channel j H + h
 
 
