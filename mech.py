@@ -52,6 +52,7 @@ Run it:
 """
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -190,6 +191,13 @@ class AR:
         pos = dict(key=2 * i + 1, value=2 * i + 2, divider=np.full(n, L - 4),
                    query=np.full(n, L - 3), answer=np.full(n, L - 2))
         return Examples(torch.from_numpy(ids), {k: torch.from_numpy(v).long() for k, v in pos.items()})
+
+    def other_token(self, kind: str, tokens: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+        """For each token, a uniformly drawn *different* token of the same kind ("key" or "value"):
+        the counterfactual inputs of the interventions."""
+        first = {"key": self.first_key, "value": self.first_value}[kind]
+        r = torch.from_numpy(rng.integers(0, self.n_keys - 1, len(tokens))).to(tokens.device)
+        return first + r + (r >= tokens - first)  # skip the original: uniform over the n_keys - 1 others
 
 
 def make_task(cfg: "Config"):
@@ -826,6 +834,8 @@ class Config:
                                       "(default 3) and base_conv's short layers (default 3); 0 = no conv", "--dconv")
     long_conv: bool = opt(False, "replace based's (or base_conv's) short conv by the implicit long conv")
     hyena_d_skip: bool = opt(True, "Hyena's D skip term; the official runs had it zeroed by a bug (use --no-...)")
+    value_corruption: str = opt("value", "interventions: a corrupted Value becomes another value (the paper's "
+                                         "intent) or, as the official code does, a key")
     scan: str = opt("auto", "Mamba's selective-scan backend: ext (scan_ext/, compiled on first use), ref "
                             "(the PyTorch loop) or auto (ext if it builds, else ref)")
     # the data
@@ -879,6 +889,8 @@ def check(cfg: Config):
              f"d_conv must be >= 0 (>= 1 for based and base_conv), got {cfg.d_conv}")
     need(not cfg.long_conv or cfg.arch in ("based", "base_conv"),
          f"--long-conv applies to based and base_conv, not {cfg.arch}")
+    need(cfg.value_corruption in ("value", "key"),
+         f"unknown value_corruption {cfg.value_corruption!r}; choose from value, key")
     need(cfg.scan in SCAN_BACKENDS, f"unknown scan backend {cfg.scan!r}; choose from {', '.join(SCAN_BACKENDS)}")
     need(cfg.num_kv >= 2 and cfg.num_kv % 2 == 0, f"num_kv must be an even number >= 2, got {cfg.num_kv}")
     need(1 <= cfg.n_pairs <= cfg.num_kv // 2,
@@ -966,7 +978,7 @@ def train(cfg: Config, out: Optional[str] = None, device: str = "auto", log=prin
     The training set is generated once and replayed in the same order every epoch (the paper's
     protocol; --fresh-data samples every batch anew). Batch s is a pure function of (seed, s), and a
     checkpoint is kept while training, so an interrupted run resumes exactly where it stopped.
-    Returns the metrics dict (also in metrics.json).
+    Returns the trained model and the metrics dict (also in metrics.json).
     """
     dev = resolve_device(device)
     if out is not None:
@@ -1042,7 +1054,7 @@ def train(cfg: Config, out: Optional[str] = None, device: str = "auto", log=prin
         write_json(os.path.join(out, "metrics.json"), metrics)
         if os.path.exists(ckpt_path):
             os.remove(ckpt_path)
-    return metrics
+    return model, metrics
 
 
 def load_run(path: str, device: str = "cpu"):
@@ -1055,7 +1067,239 @@ def load_run(path: str, device: str = "cpu"):
 
 
 # ─────────────────────────────────────────────────────────────────────────────────────────────
-# 4. Command line
+# 4. Interventions: the mechanistic evaluation
+# ─────────────────────────────────────────────────────────────────────────────────────────────
+# An interchange intervention asks where the information that decides the answer lives. Corrupt
+# one token of the document (the Key: replace it by another key), so that the model no longer
+# knows which value to return; run the corrupted document, but at one site (e.g. the residual
+# stream entering layer l) and one position, put back the activation from the clean run; see how
+# much of the answer's probability at the Query comes back:
+#
+#     Attrib = (mean p_patched - mean p_corrupted) / (mean p_clean - mean p_corrupted)
+#
+# (a ratio of means over the evaluation documents, as the paper computes it). At the input of the
+# last layer of a 2-layer model, Attrib@Value ≈ 1 means layer 0 already wrote "this value follows
+# that key" at the Value position, and the last layer matches the Query against it: induction.
+# Attrib@Query ≈ 1 means layer 0 already retrieved the answer at the last position; Attrib@Key ≈ 1
+# that the last layer itself reads the key's position.
+# Official implementation: aryamanarora/tinylang, tinylang/eval/interchange.py (with pyvene).
+
+SITES = {  # site -> (module inside blocks[l], hook on its input "in" or its output "out")
+    "block_input": ("", "in"),            # the residual stream entering block l
+    "block_output": ("", "out"),          # ... leaving it (= block_input of l+1)
+    "mixer_input": ("mixer", "in"),       # the normed input of the sequence mixer
+    "mixer_output": ("mixer", "out"),     # the mixer's output, before the residual add
+    "mlp_input": ("mlp", "in"),
+    "mlp_output": ("mlp", "out"),
+    "conv_output": ("mixer.conv_out", "out"),  # Mamba: its short conv's output, before SiLU (d_inner wide)
+}
+POSITIONS = ("key", "value", "value+1", "value+2", "divider", "query")  # value+1 is AR's "next key"
+MAIN = ("block_input", "key")  # the paper's main setting: the last layer's input, Key corrupted
+VERDICT_MIN_EFFECT = 0.1  # mean p_clean - mean p_corrupted below this: the model did not learn the task
+VERDICT_DOMINANT = 0.6    # an Attrib this high, with the others below 1 - it, names the mechanism
+
+
+def positions(data: Examples, name: str) -> torch.Tensor:
+    """(n,) positions of a named place; "value+k" counts k tokens on from the Value."""
+    base, _, k = name.partition("+")
+    return data.pos[base] + (int(k) if k else 0)
+
+
+def sites_of(model: LanguageModel) -> list:
+    """The (site, layer) pairs this model has: no MLP in Mamba blocks, a conv only in Mamba's."""
+    have = []
+    for layer, block in enumerate(model.blocks):
+        for site, (path, _) in SITES.items():
+            try:
+                module = block.get_submodule(path)
+            except AttributeError:
+                continue
+            if module is not None and not (site == "conv_output" and isinstance(block.mixer.conv1d, nn.Identity)):
+                have.append((site, layer))
+    return have
+
+
+@contextlib.contextmanager
+def intervene(model: LanguageModel, site: str, layer: int, fn):
+    """Run the model with fn(activation) -> activation at (site, layer); the hook is always removed.
+    Activations are (B, L, width) tensors; fn may read them (and return them unchanged) or edit a copy."""
+    path, side = SITES[site]
+    module = model.blocks[layer].get_submodule(path)
+    if side == "in":
+        handle = module.register_forward_pre_hook(lambda m, args: (fn(args[0]), *args[1:]))
+    else:
+        handle = module.register_forward_hook(lambda m, args, out: fn(out))
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def patched(pos: torch.Tensor, values: torch.Tensor):
+    """An intervention that writes values[b] (the clean activation) at position pos[b] of row b."""
+    def fn(act):
+        act = act.clone()
+        act[torch.arange(len(act), device=act.device), pos] = values
+        return act
+    return fn
+
+
+def p_answer(model: LanguageModel, data: Examples, ids=None) -> torch.Tensor:
+    """(n,) probability of the correct answer at the Query position."""
+    logits = model(data.ids if ids is None else ids, at=data.pos["query"])
+    return logits.softmax(-1)[torch.arange(len(data), device=logits.device), data.answer]
+
+
+def corrupt(task, data: Examples, what: str, rng: np.random.Generator, value_corruption: str = "value"):
+    """A copy of the documents with the token at pos[what] replaced by another of its kind. The
+    official code replaces a corrupted Value by a *key* token (PAPER.md Q2): value_corruption="key"."""
+    ids = data.ids.clone()
+    rows, pos = torch.arange(len(ids), device=ids.device), data.pos[what]
+    kind = "key" if what == "key" or value_corruption == "key" else "value"
+    ids[rows, pos] = task.other_token(kind, ids[rows, pos], rng)
+    return ids
+
+
+@torch.no_grad()
+def interchange(model: LanguageModel, task, data: Examples, corrupted: str = "key", seed: int = 0,
+                value_corruption: str = "value", batch_size: int = 64) -> list:
+    """Patch every (site, layer, position) of the corrupted run with the clean run's activation.
+    Returns rows dict(corrupted, site, layer, position, p_clean, p_corr, p_patch, attrib) of means over
+    the documents. One corruption per document, drawn from `seed`, is shared by all cells."""
+    was_training = model.training
+    model.eval()
+    rng = rng_for(seed, f"corrupt-{corrupted}")
+    grid = [(site, layer, p) for site, layer in sites_of(model) for p in POSITIONS]
+    sums = {cell: 0.0 for cell in grid}
+    clean_sum = corr_sum = 0.0
+    for i in range(0, len(data), batch_size):
+        batch = data[i:i + batch_size]
+        bad_ids = corrupt(task, batch, corrupted, rng, value_corruption)
+        cache = {}
+
+        def record(key):
+            def fn(act):
+                cache[key] = act
+                return act
+            return fn
+        with contextlib.ExitStack() as stack:  # one clean run records every site
+            for site, layer in sites_of(model):
+                stack.enter_context(intervene(model, site, layer, record((site, layer))))
+            clean_sum += p_answer(model, batch).sum().item()
+        corr_sum += p_answer(model, batch, bad_ids).sum().item()
+        rows = torch.arange(len(batch), device=batch.ids.device)
+        for site, layer, p in grid:
+            pos = positions(batch, p)
+            with intervene(model, site, layer, patched(pos, cache[site, layer][rows, pos])):
+                sums[site, layer, p] += p_answer(model, batch, bad_ids).sum().item()
+    model.train(was_training)
+    n = len(data)
+    p_clean, p_corr = clean_sum / n, corr_sum / n
+    effect = p_clean - p_corr
+    return [dict(corrupted=corrupted, site=site, layer=layer, position=p, p_clean=p_clean, p_corr=p_corr,
+                 p_patch=sums[site, layer, p] / n,
+                 attrib=(sums[site, layer, p] / n - p_corr) / effect if effect != 0 else float("nan"))
+            for site, layer, p in grid]
+
+
+def main_setting(rows: list, n_layer: int) -> dict:
+    """Attrib at the paper's main setting: the last layer's block_input, Key corrupted."""
+    site, corrupted = MAIN
+    return {r["position"]: r["attrib"] for r in rows
+            if r["corrupted"] == corrupted and r["site"] == site and r["layer"] == n_layer - 1}
+
+
+def verdict(rows: list, n_layer: int) -> str:
+    """The mechanism in words, from the main setting (thresholds VERDICT_*)."""
+    key_rows = [r for r in rows if r["corrupted"] == "key"]
+    effect = key_rows[0]["p_clean"] - key_rows[0]["p_corr"]
+    if effect < VERDICT_MIN_EFFECT:
+        return (f"not learned: corrupting the Key moves p(answer) by only {effect:.3f} "
+                f"(< {VERDICT_MIN_EFFECT}), too little to attribute")
+    a = main_setting(rows, n_layer)
+    names = {"value": "induction: the key-value binding is stored at the Value position before the last layer",
+             "query": "direct retrieval at the last position: the answer is computed at the Query before the last layer",
+             "key": "direct retrieval, late: the last layer reads the Key position itself"}
+    best = max(names, key=lambda p: a[p])
+    if a[best] >= VERDICT_DOMINANT and all(a[p] <= 1 - VERDICT_DOMINANT for p in names if p != best):
+        return names[best]
+    return "mixed: " + ", ".join(f"Attrib@{p.capitalize()} {a[p]:.2f}" for p in ("key", "value", "query"))
+
+
+def mechanism_report(rows: list, n_layer: int) -> str:
+    """The printed table: Attrib per site and layer (rows) and position (columns), Key corrupted."""
+    lines = ["Attrib (Key corrupted; rows: site[layer], columns: the patched position)",
+             f"{'':16s}" + "".join(f"{'@' + p:>10s}" for p in POSITIONS)]
+    table = {}
+    for r in rows:
+        if r["corrupted"] == "key":
+            table.setdefault((r["site"], r["layer"]), {})[r["position"]] = r["attrib"]
+    for (site, layer), cells in table.items():
+        mark = " <- main" if (site, layer) == (MAIN[0], n_layer - 1) else ""
+        lines.append(f"{site + f'[{layer}]':16s}" + "".join(f"{cells[p]:10.3f}" for p in POSITIONS) + mark)
+    first = rows[0]
+    lines.append(f"p(answer): clean {first['p_clean']:.3f}, Key corrupted {first['p_corr']:.3f}")
+    conv = {r["position"]: r["attrib"] for r in rows
+            if r["corrupted"] == "key" and r["site"] == "conv_output" and r["layer"] == 0}
+    if conv:
+        lines.append(f"Mamba conv: patching layer 0's conv output restores Attrib {conv['value']:.2f} at the Value, "
+                     f"{conv['value+1']:.2f} at Value+1 (v3: Mamba's induction lives in its short convolution)")
+    lines.append("verdict: " + verdict(rows, n_layer))
+    return "\n".join(lines)
+
+
+def plot_mechanism(rows: list, path: str, title: str) -> None:
+    """A heatmap per site: layers x positions, Attrib (Key corrupted), saved as a PNG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    sites = list(dict.fromkeys(r["site"] for r in rows))
+    layers = sorted({r["layer"] for r in rows})
+    fig, axes = plt.subplots(1, len(sites), figsize=(2.6 * len(sites), 0.6 * len(layers) + 1.6), squeeze=False)
+    for ax, site in zip(axes[0], sites):
+        grid = np.full((len(layers), len(POSITIONS)), np.nan)
+        for r in rows:
+            if r["corrupted"] == "key" and r["site"] == site:
+                grid[r["layer"], POSITIONS.index(r["position"])] = r["attrib"]
+        ax.imshow(grid, vmin=-0.2, vmax=1.2, cmap="viridis", aspect="auto")
+        for (y, x), v in np.ndenumerate(grid):
+            if not np.isnan(v):
+                ax.text(x, y, f"{v:.2f}", ha="center", va="center", fontsize=7, color="w" if v < 0.6 else "k")
+        ax.set_title(site, fontsize=9)
+        ax.set_xticks(range(len(POSITIONS)), ["@" + p for p in POSITIONS], rotation=60, fontsize=7)
+        ax.set_yticks(range(len(layers)), [f"layer {l}" for l in layers], fontsize=7)
+    fig.suptitle(title + "\nAttrib: share of p(answer) restored by patching the clean activation (Key corrupted)",
+                 fontsize=9)
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    plt.close(fig)
+
+
+def analyse(model: LanguageModel, cfg: "Config") -> dict:
+    """The mechanistic evaluation of a trained model on its test documents, Key and Value corrupted."""
+    task = make_task(cfg)
+    data = task.sample(cfg.n_eval, rng_for(cfg.seed, "test")).to(next(model.parameters()).device)
+    rows = (interchange(model, task, data, "key", cfg.seed, cfg.value_corruption)
+            + interchange(model, task, data, "value", cfg.seed, cfg.value_corruption))
+    return dict(rows=rows, main=main_setting(rows, cfg.n_layer), verdict=verdict(rows, cfg.n_layer))
+
+
+def analyse_run(out: str, model: LanguageModel, cfg: "Config", log=print) -> dict:
+    """Analyse, print the table, and add it to the run folder: metrics.json and mechanism.png."""
+    analysis = analyse(model, cfg)
+    log(mechanism_report(analysis["rows"], cfg.n_layer))
+    path = os.path.join(out, "metrics.json")
+    with open(path) as f:
+        metrics = json.load(f)
+    metrics["interventions"] = analysis
+    write_json(path, metrics)
+    plot_mechanism(analysis["rows"], os.path.join(out, "mechanism.png"),
+                   f"{cfg.arch} on {cfg.task}, d={cfg.d_model}, test accuracy {metrics['accuracy']:.3f}")
+    return metrics
+
+
+# ─────────────────────────────────────────────────────────────────────────────────────────────
+# 5. Command line
 # ─────────────────────────────────────────────────────────────────────────────────────────────
 
 # A preset fills in Config defaults; explicit flags override it.
@@ -1088,6 +1332,10 @@ def build_parser() -> Parser:
     p.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
     p.add_argument("--force", action="store_true", help="retrain even if the run folder holds a finished run")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--interventions", action=argparse.BooleanOptionalAction, default=True,
+                   help="after training, run the mechanistic evaluation (interchange interventions)")
+    p.add_argument("--load", metavar="RUN_DIR", help="analyse a finished run instead of training "
+                   "(with --interventions): python mech.py --load RUN_DIR --interventions")
     return p
 
 
@@ -1102,6 +1350,11 @@ def config_from_args(args: argparse.Namespace) -> Config:
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.load:  # analyse a saved run, no training
+        if not os.path.exists(os.path.join(args.load, "model.pt")):
+            parser.error(f"--load {args.load}: no finished run there (model.pt is missing)")
+        model, cfg = load_run(args.load)
+        return analyse_run(args.load, model, cfg) if args.interventions else None
     try:
         cfg = config_from_args(args)
         if args.threads is not None:
@@ -1116,24 +1369,27 @@ def main(argv=None):
     done = os.path.join(out, "metrics.json")
     if os.path.exists(done) and not args.force:
         with open(os.path.join(out, "config.json")) as f:
-            if json.load(f) == json.loads(json.dumps(dataclasses.asdict(cfg))):
-                with open(done) as g:
-                    m = json.load(g)
-                print(f"{out} already holds this run: test accuracy {m['accuracy']:.3f} (--force retrains)")
-                return m
+            same = json.load(f) == json.loads(json.dumps(dataclasses.asdict(cfg)))
+        if same:
+            with open(done) as g:
+                m = json.load(g)
+            print(f"{out} already holds this run: test accuracy {m['accuracy']:.3f} (--force retrains)")
+            if args.interventions and "interventions" not in m:
+                m = analyse_run(out, *load_run(out))
+            return m
     if args.force:
         for name in ("checkpoint.pt", "metrics.json"):
             if os.path.exists(os.path.join(out, name)):
                 os.remove(os.path.join(out, name))
     try:
-        m = train(cfg, out, device=args.device, log=log)
+        model, m = train(cfg, out, device=args.device, log=log)
     except Diverged as e:
         parser.exit(1, f"{parser.prog}: {e}\n")
     n = cfg.n_eval
     print(f"{cfg.arch} on {cfg.task}: test accuracy {m['accuracy']:.3f} ({round(m['accuracy'] * n)}/{n}) "
           f"after {m['steps']:,} steps in {m['wall_time_s'] / 60:.1f} min ({m['steps_per_s']:.1f} steps/s); "
           f"saved in {out}")
-    return m
+    return analyse_run(out, model, cfg) if args.interventions else m
 
 
 if __name__ == "__main__":

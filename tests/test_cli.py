@@ -146,7 +146,7 @@ def test_schedule_length_from_epochs():
 # ── end to end ───────────────────────────────────────────────────────────────────────────────
 
 TINY = ["--arch", "attention", "--d-model", "16", "--num-kv", "64", "--n-train", "256", "--steps", "30",
-        "--eval-every", "10", "--n-eval", "32", "--quiet"]
+        "--eval-every", "10", "--n-eval", "32", "--quiet", "--no-interventions"]
 
 
 @contextlib.contextmanager
@@ -262,7 +262,7 @@ def single_thread():
 
 def test_interrupted_run_resumes_exactly(tmp_path, single_thread):
     cfg = resume_cfg()
-    full = mech.train(cfg, str(tmp_path / "full"), device="cpu", log=lambda msg: None)
+    _, full = mech.train(cfg, str(tmp_path / "full"), device="cpu", log=lambda msg: None)
     assert not os.path.exists(tmp_path / "full" / "checkpoint.pt")
 
     out = tmp_path / "interrupted"
@@ -279,7 +279,7 @@ def test_interrupted_run_resumes_exactly(tmp_path, single_thread):
     assert torch.load(out / "checkpoint.pt")["step"] == 20
 
     lines = []
-    resumed = mech.train(cfg, str(out), device="cpu", log=lines.append)
+    _, resumed = mech.train(cfg, str(out), device="cpu", log=lines.append)
     assert any(line.startswith("resuming") and "step 20" in line for line in lines), lines
     assert not os.path.exists(out / "checkpoint.pt")
     assert [p["step"] for p in resumed["curve"]] == [10, 20, 30, 40]

@@ -10,7 +10,7 @@ def test_attention_learns_associative_recall():
     # about 0.5 until step ~6,000, then 0.96-0.97 at step 10,000 (~250 steps/s on a loaded core).
     cfg = mech.Config(arch="attention", d_model=32, n_pairs=2, num_kv=512, n_train=20_000, lr=1e-3,
                       schedule="wsd", steps=10_000, eval_every=2_000)
-    m = mech.train(cfg, device="cpu", log=lambda msg: None)
+    _, m = mech.train(cfg, device="cpu", log=lambda msg: None)
     first = m["curve"][0]["accuracy"]
     assert first < 0.7, f"no plateau: accuracy {first} already at step 2,000"
     assert m["accuracy"] >= 0.9, [point["accuracy"] for point in m["curve"]]
