@@ -1111,10 +1111,10 @@ def sites_of(model: LanguageModel) -> list:
     for layer, block in enumerate(model.blocks):
         for site, (path, _) in SITES.items():
             try:
-                module = block.get_submodule(path)
-            except AttributeError:
+                block.get_submodule(path)
+            except AttributeError:  # e.g. a Mamba block's mlp (None), an attention mixer's conv_out
                 continue
-            if module is not None and not (site == "conv_output" and isinstance(block.mixer.conv1d, nn.Identity)):
+            if not (site == "conv_output" and isinstance(block.mixer.conv1d, nn.Identity)):  # d_conv = 0
                 have.append((site, layer))
     return have
 
@@ -1237,7 +1237,7 @@ def mechanism_report(rows: list, n_layer: int) -> str:
     for (site, layer), cells in table.items():
         mark = " <- main" if (site, layer) == (MAIN[0], n_layer - 1) else ""
         lines.append(f"{site + f'[{layer}]':16s}" + "".join(f"{cells[p]:10.3f}" for p in POSITIONS) + mark)
-    first = rows[0]
+    first = next(r for r in rows if r["corrupted"] == "key")
     lines.append(f"p(answer): clean {first['p_clean']:.3f}, Key corrupted {first['p_corr']:.3f}")
     conv = {r["position"]: r["attrib"] for r in rows
             if r["corrupted"] == "key" and r["site"] == "conv_output" and r["layer"] == 0}
@@ -1351,10 +1351,12 @@ def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.load:  # analyse a saved run, no training
-        if not os.path.exists(os.path.join(args.load, "model.pt")):
-            parser.error(f"--load {args.load}: no finished run there (model.pt is missing)")
-        model, cfg = load_run(args.load)
-        return analyse_run(args.load, model, cfg) if args.interventions else None
+        missing = [f for f in ("config.json", "model.pt", "metrics.json") if not os.path.exists(os.path.join(args.load, f))]
+        if missing:
+            parser.error(f"--load {args.load}: no finished run there ({', '.join(missing)} missing)")
+        if not args.interventions:
+            parser.error("--load analyses a saved run: it needs --interventions")
+        return analyse_run(args.load, *load_run(args.load))
     try:
         cfg = config_from_args(args)
         if args.threads is not None:
