@@ -431,8 +431,10 @@ class H3(nn.Module):
         # heads last and contiguous: with p = 2 innermost, every elementwise op below would crawl
         q, k, v = (x.view(B, L, H, p).transpose(2, 3).contiguous() for x in (q, k, v))  # (B, L, p, H)
         kv = k[:, :, :, None] * v[:, :, None]                                   # (B, L, p_i, p_j, H)
-        K = self.diag_kernel(L).repeat(p * p, 1)                                # (p p H, L), shared over i, j
-        Y = causal_long_conv(kv.view(B, L, p * p * H), K).view(B, L, p, p, H) + self.D * kv
+        # one S4D kernel per head, shared by its p x p products: fold (i, j) into the batch
+        kv_h = kv.permute(0, 2, 3, 1, 4).reshape(B * p * p, L, H)              # (B p p, L, H)
+        Y = causal_long_conv(kv_h, self.diag_kernel(L)).view(B, p, p, L, H).permute(0, 3, 1, 2, 4)
+        Y = Y + self.D * kv                                                     # (B, L, p_i, p_j, H)
         y = (q[:, :, :, None] * Y).sum(2)                                       # (B, L, p_j, H)
         return self.output_linear(y.reshape(B, L, d))                           # channel j H + h
 
