@@ -335,7 +335,8 @@ Args<T> make_args(const torch::Tensor& u, const torch::Tensor& delta, const torc
 }  // namespace
 
 #ifdef WITH_CUDA
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include "selective_scan_cuda.h"
 
 namespace {
@@ -359,8 +360,9 @@ torch::Tensor fwd(torch::Tensor u, torch::Tensor delta, torch::Tensor A, torch::
   auto out = torch::empty_like(u);
 #ifdef WITH_CUDA
   if (u.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(u.device());
     cuda_scan::forward(problem(u, delta, A, B, C, D, z, delta_bias, delta_softplus), strided(out),
-                       u.scalar_type() == torch::kDouble, at::cuda::getCurrentCUDAStream());
+                       u.scalar_type() == torch::kDouble, c10::cuda::getCurrentCUDAStream());
     return out;
   }
 #endif
@@ -389,12 +391,13 @@ std::vector<torch::Tensor> bwd(torch::Tensor dout, torch::Tensor u, torch::Tenso
   torch::Tensor dA, dB, dC;
 #ifdef WITH_CUDA
   if (u.is_cuda()) {  // per-channel partial sums in (B, L, N, D) layout, reduced here
+    const c10::cuda::CUDAGuard guard(u.device());
     auto dA_b = torch::empty({Bsz, N, Dim}, opts);
     auto dB_bd = torch::empty({Bsz, L, N, Dim}, opts), dC_bd = torch::empty_like(dB_bd), H = torch::empty_like(dB_bd);
     cuda_scan::backward(problem(u, delta, A, B, C, D, z, delta_bias, delta_softplus), strided(dout), strided(du),
                         strided(ddelta), dz.defined() ? strided(dz) : cuda_scan::Strided{}, dA_b.data_ptr(),
                         dB_bd.data_ptr(), dC_bd.data_ptr(), dD_b.data_ptr(), dbias_b.data_ptr(), H.data_ptr(),
-                        u.scalar_type() == torch::kDouble, at::cuda::getCurrentCUDAStream());
+                        u.scalar_type() == torch::kDouble, c10::cuda::getCurrentCUDAStream());
     dA = dA_b.sum(0).t().contiguous();
     dB = dB_bd.sum(-1);
     dC = dC_bd.sum(-1);
