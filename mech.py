@@ -4,12 +4,14 @@ models" (Arora, Rathi, Selvam, Csordás, Jurafsky, Potts; arXiv 2505.15105).
 
 The paper trains tiny 2-layer language models of seven architectures (Attention, BaseConv, Based,
 H3, Hyena, Mamba, DeltaNet) on Associative Recall (AR): a document lists 16 key-value pairs, then
-repeats one key, and the model must output its value. It then asks *how* each model solved the task
+repeats one key, and the model must output its value; and on Associative Treecall (ATR): recall a
+word's parent in a sentence of a random tree grammar. It then asks *how* each model solved the task
 with interchange interventions. This file holds all of it, to be read top to bottom:
 
     0. utilities                         3. training (AdamW, warmup + cosine, evaluation, runs on disk)
-    1. the task (AR)                     4. the command line
-    2. the seven architectures
+    1. the tasks (AR, ATR)               4. interventions (the mechanistic evaluation)
+    2. the seven architectures           5. experiments: sweeps and figures
+                                         6. the command line
 
 Every sequence mixer maps (B, L, d) -> (B, L, d) and sits in a residual block,
     Block(x) = x + mixer(norm(x)), then x + MLP(norm(x))     (Mamba blocks have no MLP),
@@ -29,8 +31,8 @@ Glossary (code name: paper notation, meaning)
     d_model, d         "Model dimension": the width of the residual stream
     n_layer            number of blocks (2 in the main results)
     pos_emb            PE / NoPE: learned absolute position embedding on or off
-    pos["key"]         Key: the in-context occurrence of the queried key
-    pos["value"]       Value: the value stored next to it (the answer, in context)
+    pos["key"]         Key: the in-context occurrence of the queried key (ATR: of the queried word)
+    pos["value"]       Value: the value stored next to it (ATR: the word's parent), the answer in context
     pos["divider"]     the <eos> before the query
     pos["query"]       Query: the repeated key; the prediction is read here
     pos["answer"]      the answer token (what follows the Query)
@@ -42,16 +44,20 @@ Glossary (code name: paper notation, meaning)
     A, B, C, D         SSM parameters: A and D per channel, B and C per token (Mamba)
     phi                φ: Based's 2nd-order Taylor feature map, φ(q)·φ(k) ≈ exp(q·k/√f)
     feature_dim        f = 8: width of Based's q and k
+    max_rhs_len        Lmax: ATR rules have 1 .. Lmax-1 children plus a head word
+    n_terminals        |Σ|: ATR's word vocabulary (20 or 8192)
     beta, S            β, S: DeltaNet's write strength and fast-weight state
 
 Run it:
     python mech.py --arch mamba --task ar --dconv 4         # CPU preset: a few minutes
     python mech.py --arch attention --d-model 128 --lr 3e-3
+    python mech.py --arch based --task atr --atr easy       # Associative Treecall
     python mech.py --preset paper --arch based --d-model 64 --lr 1e-3   # the paper's exact protocol
     python mech.py --help
 """
 
 import argparse
+import bisect
 import contextlib
 import dataclasses
 import hashlib
@@ -121,7 +127,7 @@ def write_json(path: str, obj) -> None:
 
 
 # ─────────────────────────────────────────────────────────────────────────────────────────────
-# 1. The task: Associative Recall (AR)
+# 1. The tasks: Associative Recall (AR) and Associative Treecall (ATR)
 # ─────────────────────────────────────────────────────────────────────────────────────────────
 
 @dataclass
@@ -138,6 +144,12 @@ class Examples:
 
     def to(self, device):
         return Examples(self.ids.to(device), {name: p.to(device) for name, p in self.pos.items()})
+
+    def trim(self):
+        """The same documents without the right padding that none of them needs (ATR's lengths vary:
+        a batch is cut to its longest document, not the longest of the whole set). All models are
+        causal, so padding after a document changes none of its predictions; trimming only saves time."""
+        return Examples(self.ids[:, :int(self.pos["answer"].max()) + 2], self.pos)
 
     @property
     def answer(self) -> torch.Tensor:  # (n,) the token the model must predict at pos["query"]
@@ -173,7 +185,8 @@ class AR:
         self.vocab_size = num_kv + 4
         self.length = 2 * n_pairs + 5
 
-    def sample(self, n: int, rng: np.random.Generator) -> Examples:
+    def sample(self, n: int, rng: np.random.Generator, split: str = "train") -> Examples:
+        """n documents. AR has no held-out split: train and test documents differ only by their rng."""
         P = self.n_pairs
         keys = self.first_key + distinct_ints(rng, n, P, self.n_keys)        # (n, P)
         values = self.first_value + distinct_ints(rng, n, P, self.n_keys)    # (n, P)
@@ -200,12 +213,218 @@ class AR:
         return first + r + (r >= tokens - first)  # skip the original: uniform over the n_keys - 1 others
 
 
+@dataclass
+class Tree:
+    """One sampled sentence as a dependency tree over its terminals, and the pair that was queried."""
+    labels: list  # terminal labels 0 .. T-1, in sentence order (token id = 3 + label)
+    parent: list  # index of each terminal's parent terminal (always to its right); -1 for the root's head
+    depth: list   # depth of each terminal in the derivation (the root's head and children: 1)
+    query: int    # index of the queried terminal (the Key is at position 1 + query)
+    target: int   # parent[query] (the Value is at position 1 + target)
+
+
+class ATR:
+    """Associative Treecall: recall a terminal's parent in a sentence of a random headed PCFG.
+
+        pos:  0     1 ... n   n+1    n+2      n+3       n+4
+        tok:  <bos> t ... t   <eos>  t_query  t_parent  <eos>
+
+    The grammar (built once, from its own seed): n_nonterminals nonterminals, each with a level in
+    1..max_depth, 1..max_rules rules whose right-hand sides hold 1..max_rhs_len-1 symbols drawn with
+    replacement from the terminals and the nonterminals of strictly higher level (so derivations
+    end), Dirichlet(1) rule probabilities, and a Dirichlet(1) distribution over all terminals for
+    its head word. A sentence expands a uniformly drawn start nonterminal: each constituent emits
+    its children in order, then one head word at its right end. A terminal's parent is the head word
+    of its constituent (the head word's own parent is the head of the enclosing constituent; the
+    root's head has none), so parents lie to the right of their children and one parent can have
+    many children: associations are tree-shaped, not adjacent pairs as in AR. The query repeats a
+    terminal that is the rightmost occurrence of its type in the sentence (so the Key is
+    unambiguous), chosen by first drawing the parent uniformly among those with an eligible child,
+    then the child among them; the model must output the parent's token. Sentences with fewer than 3
+    or more than max_length terminals, or with no eligible pair, are redrawn.
+    With split > 0, a fraction `split` of the T x T (parent label, query label) pairs is held out:
+    "train" and "dev" documents never query a held-out pair, "test" documents only query those.
+    Vocabulary: PAD 0, BOS 1, EOS 2, terminals 3 .. T+2, then 3 query-type tokens (parent, child,
+    sibling) that the official code emits only when several query types are on, never here:
+    V = T + 6 (26 for T = 20, 8198 for T = 8192).
+
+    Official implementation: aryamanarora/tinylang, tinylang/language/pcfg.py (class PCFG), configs
+    languages/pcfg_vary_difficulty/pcfg_{5,10}_20.yaml, languages/pcfg_vary_rhs_8192/pcfg_easy_8192.yaml,
+    languages/pcfg_train_test_split/pcfg.yaml.
+    Differences: none in the grammar: it is built with the official sequence of legacy-numpy calls
+    (RandomState(grammar_seed) standing in for np.random.seed(42)), so the easy, medium, 8192 and
+    split grammars are the official ones (easy: 110 rules, RHS lengths {1: 27, 2: 22, 3: 28, 4: 33};
+    medium: 124 rules; split: 90 of 400 pairs held out). Documents come from the numpy Generator
+    passed to sample(), so they follow the official distribution but are not the official documents
+    (fed the official legacy stream instead, derive() and the query choice give PAPER.md's worked
+    examples token for token: the tests check it). Only parent queries, with unambiguous queries and
+    sample_first="target", as in all paper runs. Sentences are capped at L_MAX - 5 terminals so that
+    every document fits the position grid (the official cap is 1024; 100k easy sentences reach ~420).
+    """
+
+    def __init__(self, n_terminals: int = 20, max_rhs_len: int = 5, n_nonterminals: int = 40,
+                 max_rules: int = 5, max_depth: int = 10, terminal_occurrence_factor=None,
+                 split: float = 0.0, grammar_seed: int = 42, max_length: int = 1024):
+        self.n_terminals, self.max_rhs_len, self.n_nonterminals = n_terminals, max_rhs_len, n_nonterminals
+        self.max_rules, self.max_depth, self.max_length = max_rules, max_depth, max_length
+        self.terminal_occurrence_factor, self.split = terminal_occurrence_factor, split
+        self.first_terminal = 3
+        self.vocab_size = n_terminals + 6
+        self.build_grammar(np.random.RandomState(grammar_seed))
+
+    def build_grammar(self, rs: np.random.RandomState):
+        """Draw the held-out pairs and the grammar from the legacy RNG, in the official order.
+        Symbols are ints: s < T is terminal s, s >= T is nonterminal s - T."""
+        T, N = self.n_terminals, self.n_nonterminals
+        # 1. held-out (parent label, query label) pairs; drawn first, so a split changes the grammar (Q11)
+        self.held_out = rs.rand(T, T) < self.split if self.split > 0 else None
+        # 2. levels: a rule may only use nonterminals of strictly higher level (official name: max_depths)
+        self.level = np.array([rs.randint(1, self.max_depth + 1) for _ in range(N)])
+        # 3. rules: RHS length in 1..max_rhs_len-1 (numpy's exclusive high), symbols drawn with replacement
+        #    uniformly over (allowed nonterminals + all terminals); or, with a terminal_occurrence_factor f,
+        #    over (allowed nonterminals, weight 1 each) + one terminal placeholder of weight f, the
+        #    placeholders being filled with uniform terminals afterwards (so the tree shape does not
+        #    depend on T)
+        PLACEHOLDER = -1
+        self.rules = []
+        for nt in range(N):
+            n_rules = rs.randint(1, self.max_rules + 1)
+            allowed = [T + x for x in range(N) if self.level[x] > self.level[nt]]
+            rules = []
+            for _ in range(n_rules):
+                length = rs.randint(1, self.max_rhs_len)
+                if self.terminal_occurrence_factor is None:
+                    symbols = allowed + list(range(T))
+                    rhs = [symbols[i] for i in rs.choice(len(symbols), size=length)]
+                else:
+                    weights = np.ones(len(allowed) + 1)
+                    weights[-1] = self.terminal_occurrence_factor
+                    symbols = allowed + [PLACEHOLDER]
+                    rhs = [symbols[i] for i in rs.choice(len(symbols), size=length, p=weights / weights.sum())]
+                rules.append(rhs)
+            self.rules.append(rules)
+        self.rules = [[tuple(s if s != PLACEHOLDER else rs.randint(T) for s in rhs) for rhs in rules]
+                      for rules in self.rules]
+        # 4. rule probabilities, 5. head-word distributions (over all T terminals), both Dirichlet(1)
+        self.rule_probs = [rs.dirichlet(np.ones(len(rules))) for rules in self.rules]
+        self.head_probs = [rs.dirichlet(np.ones(T)) for _ in range(N)]
+        # 6. the start symbol is uniform over the nonterminals (no draw). Sampling by inverse CDF, with
+        #    the CDF that numpy's legacy choice(p=...) builds, so a legacy stream gives the official draws.
+        cdf = lambda p: (np.cumsum(p) / np.cumsum(p)[-1]).tolist()
+        self.start_cdf = cdf(np.ones(N) / N)
+        self.rule_cdf = [cdf(p) for p in self.rule_probs]
+        self.head_cdf = [cdf(p) for p in self.head_probs]
+
+    def derive(self, rng):
+        """Expand a start symbol depth-first, left to right (the official order of draws: per
+        constituent, its rule, then its head word). Returns a Tree without its query, or None when the
+        sentence would grow past max_length terminals (the official generator gives up at that point).
+        rng: anything with .random() -- a numpy Generator, or a legacy RandomState."""
+        T = self.n_terminals
+        labels, owner, depth = [], [], []  # per terminal: label; constituent whose head is its parent; depth
+        head_at = []                       # per constituent: position of its head word
+        start = T + bisect.bisect_right(self.start_cdf, rng.random())
+        stack = [(start, -1, -1, 0)]       # (symbol, enclosing constituent, constituent it heads or -1, depth)
+        while stack:
+            if len(labels) >= self.max_length:  # and more to come
+                return None
+            symbol, up, heads, d = stack.pop()
+            if symbol < T:  # a terminal: emit it
+                if heads >= 0:
+                    head_at[heads] = len(labels)
+                labels.append(symbol)
+                owner.append(up)
+                depth.append(d)
+                continue
+            c = len(head_at)  # a nonterminal: a new constituent c
+            head_at.append(-1)
+            rhs = self.rules[symbol - T][bisect.bisect_right(self.rule_cdf[symbol - T], rng.random())]
+            head = bisect.bisect_right(self.head_cdf[symbol - T], rng.random())
+            stack.append((head, up, c, d + 1))  # c's head word, out after the children (right-headed)
+            stack.extend((s, c, -1, d + 1) for s in reversed(rhs))  # the children, popped in order
+        parent = [head_at[c] if c >= 0 else -1 for c in owner]
+        return Tree(labels, parent, depth, query=-1, target=-1)
+
+    def eligible_pairs(self, tree: Tree, split: str = "train") -> list:
+        """The (query, target) index pairs that may be asked, sorted by target then query: target is the
+        query's parent, the query is the rightmost occurrence of its label, and the (target label,
+        query label) pair is allowed in this split."""
+        if split not in ("train", "dev", "test"):
+            raise ValueError(f"split must be 'train', 'dev' or 'test', not {split!r}")
+        rightmost = {label: i for i, label in enumerate(tree.labels)}
+        pairs = []
+        for q, (label, t) in enumerate(zip(tree.labels, tree.parent)):
+            if t < 0 or rightmost[label] != q:
+                continue
+            if self.held_out is not None and self.held_out[tree.labels[t], label] != (split == "test"):
+                continue
+            pairs.append((t, q))
+        return [(q, t) for t, q in sorted(pairs)]
+
+    @staticmethod
+    def choose_pair(pairs: list, rng: np.random.Generator) -> tuple:
+        """(query, target): the target uniformly among the eligible targets, then the query uniformly
+        among that target's eligible queries (sample_first="target"). Not uniform over pairs: a query
+        whose parent has few eligible children is more likely."""
+        targets = sorted({t for _, t in pairs})
+        target = targets[rng.integers(len(targets))]
+        queries = [q for q, t in pairs if t == target]
+        return queries[rng.integers(len(queries))], target
+
+    def trees(self, n: int, rng: np.random.Generator, split: str = "train") -> list:
+        """n sentences with their queried pair; sentences that are too short (< 3 terminals), too long,
+        or have no eligible pair are redrawn."""
+        out = []
+        while len(out) < n:
+            tree = self.derive(rng)
+            if tree is None or len(tree.labels) < 3:
+                continue
+            pairs = self.eligible_pairs(tree, split)
+            if pairs:
+                tree.query, tree.target = self.choose_pair(pairs, rng)
+                out.append(tree)
+        return out
+
+    def examples(self, trees: list) -> Examples:
+        """Documents <bos> t ... t <eos> t_query t_parent <eos>, right-padded with PAD, and their positions."""
+        n, first = len(trees), self.first_terminal
+        lengths = np.array([len(tree.labels) for tree in trees])  # terminals per sentence
+        ids = np.full((n, lengths.max() + 5), PAD, dtype=np.int64)
+        for row, tree in zip(ids, trees):
+            m = len(tree.labels)
+            row[0] = BOS
+            row[1:m + 1] = np.add(tree.labels, first)
+            row[m + 1:m + 5] = EOS, first + tree.labels[tree.query], first + tree.labels[tree.target], EOS
+        pos = dict(key=1 + np.array([tree.query for tree in trees]),
+                   value=1 + np.array([tree.target for tree in trees]),
+                   divider=lengths + 1, query=lengths + 2, answer=lengths + 3)
+        return Examples(torch.from_numpy(ids), {k: torch.from_numpy(v).long() for k, v in pos.items()})
+
+    def sample(self, n: int, rng: np.random.Generator, split: str = "train") -> Examples:
+        return self.examples(self.trees(n, rng, split))
+
+    def other_token(self, kind: str, tokens: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+        """For each token, a uniformly drawn *different* terminal (Keys and Values are both terminals)."""
+        T, first = self.n_terminals, self.first_terminal
+        r = torch.from_numpy(rng.integers(0, T - 1, len(tokens))).to(tokens.device)
+        return first + r + (r >= tokens - first)  # skip the original: uniform over the T - 1 others
+
+
+ATR_SETTINGS = {  # the paper's three ATR settings (PAPER.md §3.1); its generalisation runs are easy
+    "easy": dict(n_terminals=20, max_rhs_len=5),      # "Lmax=5, |Σ|=20": pcfg_vary_difficulty/pcfg_5_20
+    "medium": dict(n_terminals=20, max_rhs_len=10),   # "Lmax=10, |Σ|=20": pcfg_vary_difficulty/pcfg_10_20
+    "8192": dict(n_terminals=8192, max_rhs_len=5, terminal_occurrence_factor=20),  # pcfg_vary_rhs_8192/
+}                                                     # ... with --held-out 0.2 (pcfg_train_test_split/pcfg)
+
+
 def make_task(cfg: "Config"):
     return TASKS[cfg.task](cfg)
 
 
-TASKS = {  # task name -> Config -> task object with .vocab_size and .sample(n, rng)
+TASKS = {  # task name -> Config -> task object with .vocab_size, .sample(n, rng, split), .other_token
     "ar": lambda cfg: AR(cfg.num_kv, cfg.n_pairs),
+    "atr": lambda cfg: ATR(**ATR_SETTINGS[cfg.atr], split=cfg.held_out, grammar_seed=cfg.grammar_seed,
+                           max_length=L_MAX - 5),
 }
 
 
@@ -843,8 +1062,15 @@ class Config:
     # the data
     num_kv: int = opt(8192, "AR: number of key + value tokens (keys and values get half each)")
     n_pairs: int = opt(16, "AR: key-value pairs per document")
+    atr: str = opt("easy", "ATR setting: easy (Lmax 5, |Σ| 20 terminals), medium (Lmax 10, |Σ| 20) or 8192 "
+                           "(Lmax 5, |Σ| 8192)")
+    held_out: float = opt(0.0, "ATR: fraction of (parent, child) label pairs never asked in training; the test "
+                               "documents ask only those (the paper's generalisation runs: 0.2)")
+    grammar_seed: int = opt(42, "ATR: seed of the grammar (42 gives the official grammars)")
     n_train: int = opt(100_032, "training documents, generated once and replayed in order every epoch")
     fresh_data: bool = opt(False, "sample a fresh batch every step instead of replaying the fixed training set")
+    bucket: int = opt(0, "batch the fixed training set's documents by length within windows of this many "
+                         "batches, in a shuffled order (0 = off, the paper): less padding, faster ATR")
     n_eval: int = opt(320, "test documents evaluated (the paper: the first 320)")
     # optimisation
     steps: Optional[int] = opt(None, "optimizer steps (default: epochs x n_train / batch_size)")
@@ -878,6 +1104,7 @@ def check(cfg: Config):
             raise ValueError(msg)
     need(cfg.task in TASKS, f"unknown task {cfg.task!r}; choose from {', '.join(TASKS)}")
     need(cfg.arch in MIXERS, f"unknown arch {cfg.arch!r}; choose from {', '.join(MIXERS)}")
+    need(cfg.bucket >= 0, f"bucket must be >= 0, got {cfg.bucket}")
     for name in ("d_model", "n_layer", "n_head", "batch_size", "n_eval", "eval_every", "epochs"):
         need(getattr(cfg, name) >= 1, f"{name} must be >= 1, got {getattr(cfg, name)}")
     need(cfg.d_model % cfg.n_head == 0, f"d_model {cfg.d_model} is not divisible by n_head {cfg.n_head}")
@@ -894,6 +1121,9 @@ def check(cfg: Config):
     need(cfg.value_corruption in ("value", "key"),
          f"unknown value_corruption {cfg.value_corruption!r}; choose from value, key")
     need(cfg.scan in SCAN_BACKENDS, f"unknown scan backend {cfg.scan!r}; choose from {', '.join(SCAN_BACKENDS)}")
+    need(cfg.atr in ATR_SETTINGS, f"unknown ATR setting {cfg.atr!r}; choose from {', '.join(ATR_SETTINGS)}")
+    need(0 <= cfg.held_out < 1, f"held_out must be in [0, 1), got {cfg.held_out}")
+    need(cfg.held_out == 0 or cfg.task == "atr", f"--held-out {cfg.held_out} applies to --task atr only")
     need(cfg.num_kv >= 2 and cfg.num_kv % 2 == 0, f"num_kv must be an even number >= 2, got {cfg.num_kv}")
     need(1 <= cfg.n_pairs <= cfg.num_kv // 2,
          f"n_pairs {cfg.n_pairs} must be between 1 and num_kv/2 = {cfg.num_kv // 2} (the number of keys)")
@@ -939,12 +1169,28 @@ def evaluate(model: LanguageModel, data: Examples, batch_size: int = 64) -> dict
     model.eval()
     correct, loss = 0, 0.0
     for i in range(0, len(data), batch_size):
-        batch = data[i:i + batch_size]
+        batch = data[i:i + batch_size].trim()
         logits = model(batch.ids, at=batch.pos["query"])
         correct += (logits.argmax(-1) == batch.answer).sum().item()
         loss += F.cross_entropy(logits, batch.answer, reduction="sum").item()
     model.train(was_training)
     return dict(accuracy=correct / len(data), loss=loss / len(data))
+
+
+def batch_documents(length: np.ndarray, n_batches: int, batch_size: int, bucket: int,
+                    rng: np.random.Generator) -> np.ndarray:
+    """(n_batches, batch_size) indices of the training documents in each batch. Without buckets, the
+    paper's order: batch i holds documents i*batch_size ... (i+1)*batch_size - 1. With buckets, each
+    window of `bucket` batches is re-cut after sorting its documents by length, and those batches come
+    in a random order: every document is still seen once per epoch, but batches pad far less (ATR easy:
+    a mean padded length of 23 instead of 69 tokens with windows of 16 batches)."""
+    batches = np.arange(n_batches * batch_size).reshape(n_batches, batch_size)
+    for w in range(0, n_batches, bucket or n_batches):
+        if bucket:
+            docs = batches[w:w + bucket].ravel()
+            docs = docs[np.argsort(length[docs], kind="stable")].reshape(-1, batch_size)
+            batches[w:w + bucket] = docs[rng.permutation(len(docs))]
+    return batches
 
 
 class Diverged(RuntimeError):
@@ -957,7 +1203,8 @@ def config_id(cfg: Config) -> str:
 
 def default_out(cfg: Config) -> str:
     conv = f"_dconv{cfg.d_conv}" if cfg.arch in DEFAULT_DCONV else ""
-    return os.path.join("runs", f"{cfg.task}_{cfg.arch}{conv}_d{cfg.d_model}_lr{cfg.lr:g}_s{cfg.seed}_{config_id(cfg)}")
+    task = cfg.task + (f"-{cfg.atr}" + (f"-heldout{cfg.held_out:g}" if cfg.held_out else "") if cfg.task == "atr" else "")
+    return os.path.join("runs", f"{task}_{cfg.arch}{conv}_d{cfg.d_model}_lr{cfg.lr:g}_s{cfg.seed}_{config_id(cfg)}")
 
 
 def resolve_device(device: str) -> torch.device:
@@ -990,15 +1237,21 @@ def train(cfg: Config, out: Optional[str] = None, device: str = "auto", log=prin
     model = build_model(cfg, task.vocab_size).to(dev)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8,
                                   weight_decay=cfg.weight_decay, fused=dev.type in ("cpu", "cuda"))
-    test = task.sample(cfg.n_eval, rng_for(cfg.seed, "test")).to(dev)
-    train_set = None if cfg.fresh_data else task.sample(cfg.n_train, rng_for(cfg.seed, "train"))
-    per_epoch = cfg.n_train // cfg.batch_size
+    test = task.sample(cfg.n_eval, rng_for(cfg.seed, "test"), split="test").to(dev)
+    # with held-out pairs, the test set asks only those; dev documents come from the training distribution
+    dev_set = task.sample(cfg.n_eval, rng_for(cfg.seed, "dev"), split="dev").to(dev) if cfg.held_out else None
+    per_epoch, bs = cfg.n_train // cfg.batch_size, cfg.batch_size
+    if not cfg.fresh_data:  # one padded tensor per batch: ATR's rare long sentences pad only their own
+        train_set = task.sample(cfg.n_train, rng_for(cfg.seed, "train"))
+        batches = batch_documents(train_set.pos["answer"].numpy(), per_epoch, bs, cfg.bucket,
+                                  rng_for(cfg.seed, "buckets"))
+        train_batches = [train_set[torch.from_numpy(i)].trim() for i in batches]
+        del train_set
 
     def batch_at(step):
         if cfg.fresh_data:
-            return task.sample(cfg.batch_size, rng_for(cfg.seed, f"train-step-{step}")).to(dev)
-        i = step % per_epoch
-        return train_set[i * cfg.batch_size:(i + 1) * cfg.batch_size].to(dev)
+            return task.sample(bs, rng_for(cfg.seed, f"train-step-{step}")).to(dev)
+        return train_batches[step % per_epoch].to(dev)
 
     total, start, curve, elapsed = cfg.total_steps, 0, [], 0.0
     ckpt_path = out and os.path.join(out, "checkpoint.pt")
@@ -1037,17 +1290,21 @@ def train(cfg: Config, out: Optional[str] = None, device: str = "auto", log=prin
         rate = (done - start) / run_time
         curve.append(dict(step=done, train_loss=round(train_loss, 5), test_loss=round(ev["loss"], 5),
                           accuracy=ev["accuracy"], time_s=round(elapsed + run_time, 2)))
+        if dev_set is not None:
+            curve[-1]["dev_accuracy"] = evaluate(model, dev_set)["accuracy"]
         if ckpt_path and done < total and time.time() - last_save >= checkpoint_every_s:
             state = dict(model=model.state_dict(), optimizer=optimizer.state_dict(), step=done,
                          curve=curve, elapsed=elapsed + run_time)
             atomic_write(ckpt_path, lambda tmp: torch.save(state, tmp))
             last_save = time.time()
-        log(f"step {done:>7,}/{total:,} | loss {train_loss:.4f} | test acc {ev['accuracy']:.3f} | "
+        dev_acc = f" (dev {curve[-1]['dev_accuracy']:.3f})" if dev_set is not None else ""
+        log(f"step {done:>7,}/{total:,} | loss {train_loss:.4f} | test acc {ev['accuracy']:.3f}{dev_acc} | "
             f"{rate:5.1f} steps/s | ETA {(total - done) / rate / 60:5.1f} min")
 
     run_time = time.time() - t_start
     final = curve[-1]  # the loop always evaluates after the last step
     metrics = dict(accuracy=final["accuracy"], test_loss=final["test_loss"], steps=total,
+                   **({"dev_accuracy": final["dev_accuracy"]} if dev_set is not None else {}),
                    wall_time_s=round(elapsed + run_time, 2), steps_per_s=round((total - start) / run_time, 2),
                    n_params=n_params, threads=torch.get_num_threads(), device=dev.type,
                    torch=torch.__version__, curve=curve)
@@ -1175,7 +1432,7 @@ def interchange(model: LanguageModel, task, data: Examples, corrupted: str = "ke
     sums = {cell: 0.0 for cell in grid}
     clean_sum = corr_sum = 0.0
     for i in range(0, len(data), batch_size):
-        batch = data[i:i + batch_size]
+        batch = data[i:i + batch_size].trim()
         bad_ids = corrupt(task, batch, corrupted, rng, value_corruption)
         cache = {}
 
@@ -1280,7 +1537,7 @@ def plot_mechanism(rows: list, path: str, title: str) -> None:
 def analyse(model: LanguageModel, cfg: "Config") -> dict:
     """The mechanistic evaluation of a trained model on its test documents, Key and Value corrupted."""
     task = make_task(cfg)
-    data = task.sample(cfg.n_eval, rng_for(cfg.seed, "test")).to(next(model.parameters()).device)
+    data = task.sample(cfg.n_eval, rng_for(cfg.seed, "test"), split="test").to(next(model.parameters()).device)
     rows = (interchange(model, task, data, "key", cfg.seed, cfg.value_corruption)
             + interchange(model, task, data, "value", cfg.seed, cfg.value_corruption))
     return dict(rows=rows, main=main_setting(rows, cfg.n_layer), verdict=verdict(rows, cfg.n_layer))
@@ -1301,25 +1558,339 @@ def analyse_run(out: str, model: LanguageModel, cfg: "Config", log=print) -> dic
 
 
 # ─────────────────────────────────────────────────────────────────────────────────────────────
-# 5. Command line
+# 5. Experiments: the paper's sweeps, and the figures made from their results
+# ─────────────────────────────────────────────────────────────────────────────────────────────
+# A sweep is a list of runs and a run is a list of this file's flags, so one sweep runs here in
+# parallel processes (--jobs), or anywhere else from the commands it prints (--print-commands): a
+# SLURM array, GNU parallel, a cluster's queue. Runs are resumable: a finished run folder is skipped,
+# an interrupted one continues from its checkpoint. --collect reads every run folder under a
+# directory, whoever made it, and draws the figures.
+
+WIDTHS = (16, 32, 64, 128, 256)                       # the paper's grid of d
+LR5 = (3e-5, 1e-4, 3e-4, 1e-3, 3e-3)                  # its learning rates (PAPER.md §5)
+LR7 = LR5 + (1e-2, 3e-2)
+ARCHS = tuple(MIXERS)                                 # the paper's six, and DeltaNet (v3)
+
+# sweep -> [(flags shared by a family of runs, the paper's learning rates for it)]
+SWEEPS = {
+    # R1: every architecture on AR (attention from the PE sweep with LR5, the others NoPE with LR7)
+    "ar-main": [(dict(task="ar", arch=a), LR5 if a == "attention" else LR7) for a in ARCHS],
+    # R3, R12: Mamba's short convolution, width 0 (none) to 4
+    "ar-dconv": [(dict(task="ar", arch="mamba", d_conv=k), LR7) for k in range(5)],
+    # R4: Based with its BaseConv kernel 1..4 or the long conv, and BaseConv with long convs only
+    "ar-based-conv": [(dict(task="ar", arch="based", d_conv=k), LR5) for k in (1, 2, 3, 4)]
+                     + [(dict(task="ar", arch=a, long_conv=True), LR5) for a in ("based", "base_conv")],
+    # R2, R11: depth
+    "ar-layers": [(dict(task="ar", arch=a, n_layer=n), LR7) for n in (1, 2, 3) for a in ARCHS],
+    # R6, R13: the three ATR settings
+    "atr-main": [(dict(task="atr", atr=s, arch=a), LR5) for s in ATR_SETTINGS for a in ARCHS],
+    # C7 (v3): Mamba with d_conv 0..4 on ATR easy
+    "atr-mamba-dconv": [(dict(task="atr", atr="easy", arch="mamba", d_conv=k), LR7) for k in range(5)],
+}
+SCALES = ("cpu", "paper")
+
+
+def sweep_runs(sweep: str, scale: str, seeds: int) -> list:
+    """[(run name, flags)] of a sweep. scale "paper": every (d, lr) of the paper's grid with the paper
+    protocol (its one seed, 42, or more with seeds > 1); scale "cpu": the calibrated CPU preset (its
+    d and lr) with seeds 42, 43, ..."""
+    if sweep not in SWEEPS:
+        raise ValueError(f"unknown sweep {sweep!r}; choose from {', '.join(SWEEPS)}")
+    if scale not in SCALES:
+        raise ValueError(f"unknown scale {scale!r}; choose from {', '.join(SCALES)}")
+    if seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    runs = []
+    for flags, lrs in SWEEPS[sweep]:
+        grid = [dict(d_model=d, lr=lr) for d in WIDTHS for lr in lrs] if scale == "paper" else [{}]
+        for point in grid:
+            for seed in range(42, 42 + seeds):
+                run = dict(preset=scale, **flags, **point, seed=seed)
+                runs.append((run_name(run), run))
+    return runs
+
+
+def run_name(run: dict) -> str:
+    short = dict(d_conv="dconv", n_layer="layers", d_model="d", long_conv="long", seed="s")
+    parts = [f"{short.get(k, '')}{'' if v is True else v}" for k, v in run.items() if k != "preset"]
+    return "_".join(p for p in parts if p)
+
+
+def run_args(run: dict) -> list:
+    """The command-line arguments of a run: dict(arch="mamba", d_conv=0, long_conv=True) ->
+    ["--arch", "mamba", "--dconv", "0", "--long-conv"]."""
+    flags = {f.name: f.metadata["flag"] or "--" + f.name.replace("_", "-") for f in dataclasses.fields(Config)}
+    flags["preset"] = "--preset"
+    args = []
+    for k, v in run.items():
+        if isinstance(v, bool):
+            args.append(flags[k] if v else "--no-" + flags[k][2:])
+        else:
+            args += [flags[k], f"{v:g}" if isinstance(v, float) else str(v)]
+    return args
+
+
+def run_command(run: dict, out: str) -> list:
+    return ["python", "mech.py", *run_args(run), "--out", out, "--quiet"]
+
+
+def run_sweep(runs: list, root: str, jobs: int, log=print) -> None:
+    """Run the runs that have no result yet in `jobs` local processes, splitting the CPU threads
+    between them; each process writes its output to <run folder>/log.txt."""
+    import shlex
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+    todo = [(name, run) for name, run in runs if not os.path.exists(os.path.join(root, name, "metrics.json"))]
+    log(f"{len(runs) - len(todo)} of {len(runs)} runs already done; running {len(todo)} in {jobs} processes")
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+
+    def one(item):
+        name, run = item
+        out = os.path.join(root, name)
+        os.makedirs(out, exist_ok=True)
+        cmd = [sys.executable, os.path.join(HERE, "mech.py"), *run_command(run, out)[2:], "--threads", str(threads)]
+        with open(os.path.join(out, "log.txt"), "a") as f:
+            code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
+        log(f"{'done' if code == 0 else f'FAILED (exit {code}, see {out}/log.txt)'}: {shlex.join(cmd[1:])}")
+        return code
+    with ThreadPoolExecutor(jobs) as pool:
+        failed = sum(code != 0 for code in pool.map(one, todo))
+    if failed:
+        raise RuntimeError(f"{failed} of {len(todo)} runs failed; rerun the same command to retry them")
+
+
+def collect(root: str) -> list:
+    """One record per finished run folder under root: its config, accuracy and main Attribs."""
+    records = []
+    for folder, _, files in sorted(os.walk(root)):
+        if "metrics.json" not in files or "config.json" not in files:
+            continue
+        with open(os.path.join(folder, "config.json")) as f:
+            cfg = json.load(f)
+        with open(os.path.join(folder, "metrics.json")) as f:
+            m = json.load(f)
+        rec = dict(cfg, folder=os.path.relpath(folder, root), accuracy=m["accuracy"],
+                   dev_accuracy=m.get("dev_accuracy"), wall_time_s=m["wall_time_s"])
+        if "interventions" in m:
+            rows = m["interventions"]["rows"]
+            first = next(r for r in rows if r["corrupted"] == "key")
+            rec.update(attrib=m["interventions"]["main"], effect=first["p_clean"] - first["p_corr"],
+                       conv={r["position"]: r["attrib"] for r in rows if r["corrupted"] == "key"
+                             and r["site"] == "conv_output" and r["layer"] == 0})
+        records.append(rec)
+    return records
+
+
+def default_convs(r: dict) -> bool:
+    """A run of the architecture as the paper's main results have it: default short conv, no long-conv swap."""
+    return not r["long_conv"] and r["d_conv"] == (DEFAULT_DCONV.get(r["arch"]) if r["arch"] != "base_conv" else None)
+
+
+def best_over_lr(records: list, *keys) -> dict:
+    """The paper's reported accuracy: per (keys..., d_model, seed), the run with the best final accuracy
+    over learning rates (by dev accuracy where there is one, as the paper does for ATR generalisation).
+    Returns {(keys..., d_model): [best record per seed]}."""
+    best = {}
+    for r in records:
+        k = tuple(r[key] for key in keys) + (r["d_model"], r["seed"])
+        score = r["dev_accuracy"] if r["dev_accuracy"] is not None else r["accuracy"]
+        if k not in best or score > best[k][0]:
+            best[k] = (score, r)
+    out = {}
+    for k, (_, r) in sorted(best.items(), key=lambda kv: str(kv[0])):
+        out.setdefault(k[:-1], []).append(r)
+    return out
+
+
+def plot_figures(records: list, out_dir: str) -> list:
+    """Draw every figure the records allow (AR accuracy and mechanism, the Mamba d_conv and Based conv
+    ablations, depth, ATR accuracy and mechanism, Mamba's conv-internal restoration) as PNGs in out_dir.
+    Seeds are drawn as points, their mean as a line or bar. Returns the paths written."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    os.makedirs(out_dir, exist_ok=True)
+    colors = {a: plt.get_cmap("tab10")(i) for i, a in enumerate(ARCHS)}
+    written = []
+
+    def save(fig, name):
+        fig.tight_layout()
+        path = os.path.join(out_dir, name)
+        atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+        plt.close(fig)
+        written.append(path)
+
+    def points(ax, x, ys, color, label=None, marker="o"):  # the seeds as dots, their mean as a bar
+        ax.scatter([x] * len(ys), ys, color=color, s=14, alpha=0.6, marker=marker)
+        ax.hlines(np.mean(ys), x - 0.3, x + 0.3, color=color, lw=2, label=label)
+
+    ar = [r for r in records if r["task"] == "ar"]
+    atr = [r for r in records if r["task"] == "atr"]
+    main_ar = [r for r in ar if r["n_layer"] == 2 and default_convs(r)]
+
+    # 1. AR accuracy by width (the paper's ar_32), max over learning rates, per seed
+    if main_ar:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        best = best_over_lr(main_ar, "arch")
+        for arch in ARCHS:
+            groups = {d: [r["accuracy"] for r in rs] for (a, d), rs in best.items() if a == arch}
+            if groups:
+                ds = sorted(groups)
+                ax.plot(ds, [np.mean(groups[d]) for d in ds], "-o", color=colors[arch], label=arch, ms=4)
+                for d in ds:
+                    ax.scatter([d] * len(groups[d]), groups[d], color=colors[arch], s=10, alpha=0.5)
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="model width d", ylabel="test accuracy (best learning rate)", ylim=(-0.02, 1.02),
+               title="Associative Recall: accuracy by architecture and width (2 layers)")
+        ax.legend(fontsize=8)
+        save(fig, "ar_accuracy.png")
+
+    # 2. AR mechanism scatters (the paper's ar_32_diff): every run whose corruption matters (filter 0.01)
+    analysed = [r for r in main_ar if "attrib" in r and r["effect"] >= 0.01]
+    if analysed:
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
+        for ax, (x, y) in zip(axes, (("query", "value"), ("key", "query"))):
+            for arch in ARCHS:
+                rs = [r for r in analysed if r["arch"] == arch]
+                if rs:
+                    ax.scatter([r["attrib"][x] for r in rs], [r["attrib"][y] for r in rs], color=colors[arch],
+                               label=arch, s=18, alpha=0.8)
+            for v in (0, 1):
+                ax.axhline(v, color="grey", ls="--", lw=0.6)
+                ax.axvline(v, color="grey", ls="--", lw=0.6)
+            ax.set(xlabel=f"Attrib@{x.capitalize()}", ylabel=f"Attrib@{y.capitalize()}",
+                   title=f"@{y.capitalize()} vs @{x.capitalize()}")
+        axes[0].legend(fontsize=8)
+        fig.suptitle("AR mechanism: where patching the last layer's input restores the answer (Key corrupted)")
+        save(fig, "ar_mechanism.png")
+
+    # 3. the Mamba d_conv ablation, on AR and on ATR easy: accuracy and mechanism by conv width
+    for task, rs_task, name in (("AR", ar, "ar_mamba_dconv.png"), ("ATR easy", atr, "atr_mamba_dconv.png")):
+        rs = [r for r in rs_task if r["arch"] == "mamba" and r["n_layer"] == 2 and r.get("atr", "easy") == "easy"]
+        widths = sorted({r["d_conv"] for r in rs})
+        if len(widths) < 2:
+            continue
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+        best = best_over_lr(rs, "d_conv")
+        for k in widths:
+            points(axes[0], k, [r["accuracy"] for (kk, _), group in best.items() if kk == k for r in group], "C0")
+            for j, (p, m) in enumerate((("key", "s"), ("query", "^"), ("value", "o"))):
+                ys = [r["attrib"][p] for (kk, _), group in best.items() if kk == k for r in group if "attrib" in r]
+                if ys:
+                    points(axes[1], k + 0.25 * (j - 1), ys, f"C{j + 1}", f"@{p.capitalize()}" if k == widths[0] else None, m)
+        axes[0].set(xlabel="d_conv (0 = no convolution)", ylabel="test accuracy", ylim=(-0.02, 1.02),
+                    title=f"Mamba on {task}: accuracy by short-conv width")
+        axes[1].set(xlabel="d_conv", ylabel="Attrib (last layer's input, Key corrupted)",
+                    title=f"Mamba on {task}: mechanism by short-conv width")
+        axes[1].legend(fontsize=8)
+        for ax in axes:
+            ax.set_xticks(widths)
+        save(fig, name)
+
+    # 4. Mamba's conv-internal restoration (v3): patching layer 0's conv output at the Value / Value+1
+    rs = [r for r in records if r["arch"] == "mamba" and r.get("conv")]
+    if rs:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        keys = sorted({(r["task"], r["d_conv"]) for r in rs})
+        for i, (task, k) in enumerate(keys):
+            for j, p in enumerate(("value", "value+1")):
+                ys = [r["conv"][p] for r in rs if (r["task"], r["d_conv"]) == (task, k)]
+                points(ax, i + 0.3 * j - 0.15, ys, f"C{j}", f"@{p.capitalize()}" if i == 0 else None)
+        ax.set_xticks(range(len(keys)), [f"{t.upper()}\nd_conv {k}" for t, k in keys], fontsize=8)
+        ax.set(ylabel="Attrib of layer 0's conv output (Key corrupted)",
+               title="Mamba: patching its short conv's output in layer 0")
+        ax.legend(fontsize=8)
+        save(fig, "mamba_conv_restored.png")
+
+    # 5. Based's conv ablation (R4): kernel 1..4 or the implicit long conv
+    rs = [r for r in ar if r["arch"] == "based" and r["n_layer"] == 2]
+    kinds = sorted({"long" if r["long_conv"] else r["d_conv"] for r in rs}, key=str)
+    if len(kinds) > 1:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for i, kind in enumerate(kinds):
+            group = [r for r in rs if ("long" if r["long_conv"] else r["d_conv"]) == kind]
+            points(ax, i, [r["accuracy"] for g in best_over_lr(group, "arch").values() for r in g], "C0")
+        ax.set_xticks(range(len(kinds)), [f"kernel {k}" if k != "long" else "long conv" for k in kinds])
+        ax.set(ylabel="test accuracy", ylim=(-0.02, 1.02), title="Based on AR: its BaseConv layer's convolution")
+        save(fig, "based_conv.png")
+
+    # 6. depth (R2): accuracy by number of layers
+    rs = [r for r in ar if default_convs(r)]
+    if len({r["n_layer"] for r in rs}) > 1:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        layers = sorted({r["n_layer"] for r in rs})
+        for i, arch in enumerate(ARCHS):
+            for n in layers:
+                ys = [r["accuracy"] for g in best_over_lr([r for r in rs if r["arch"] == arch and r["n_layer"] == n],
+                                                          "arch").values() for r in g]
+                if ys:
+                    points(ax, i + 0.25 * (n - 2), ys, f"C{n - 1}", f"{n} layer{'s' if n > 1 else ''}" if i == 0 else None)
+        ax.set_xticks(range(len(ARCHS)), ARCHS, fontsize=8)
+        ax.set(ylabel="test accuracy", ylim=(-0.02, 1.02), title="Associative Recall by depth")
+        ax.legend(fontsize=8)
+        save(fig, "ar_layers.png")
+
+    # 7. ATR accuracy per setting, and its mechanism as box plots (R6, R13; filter 0.1)
+    main_atr = [r for r in atr if r["n_layer"] == 2 and default_convs(r) and not r["held_out"]]
+    settings = [s for s in ATR_SETTINGS if any(r["atr"] == s for r in main_atr)]
+    if settings:
+        fig, axes = plt.subplots(1, len(settings), figsize=(4.5 * len(settings), 4), squeeze=False)
+        for ax, s in zip(axes[0], settings):
+            best = best_over_lr([r for r in main_atr if r["atr"] == s], "arch")
+            for i, arch in enumerate(ARCHS):
+                ys = [r["accuracy"] for (a, _), g in best.items() if a == arch for r in g]
+                if ys:
+                    points(ax, i, ys, colors[arch])
+            ax.set_xticks(range(len(ARCHS)), ARCHS, rotation=45, fontsize=8)
+            ax.set(ylabel="test accuracy", ylim=(0.3, 1.02), title=f"ATR {s}")
+        fig.suptitle("Associative Treecall: accuracy by architecture (2 layers)")
+        save(fig, "atr_accuracy.png")
+        fig, axes = plt.subplots(1, len(settings), figsize=(4.5 * len(settings), 4), squeeze=False)
+        for ax, s in zip(axes[0], settings):
+            for i, arch in enumerate(ARCHS):
+                rs = [r for r in main_atr if r["atr"] == s and r["arch"] == arch and "attrib" in r and r["effect"] >= 0.1]
+                for j, p in enumerate(("key", "query", "value")):
+                    ys = [r["attrib"][p] for r in rs]
+                    if ys:
+                        ax.boxplot([ys], positions=[i + 0.25 * (j - 1)], widths=0.2, patch_artist=True,
+                                   boxprops=dict(facecolor=f"C{j + 1}"), medianprops=dict(color="k"))
+            for j, p in enumerate(("key", "query", "value")):
+                ax.plot([], [], "s", color=f"C{j + 1}", label=f"@{p.capitalize()}")
+            for v in (0, 1):
+                ax.axhline(v, color="grey", ls="--", lw=0.6)
+            ax.set_xticks(range(len(ARCHS)), ARCHS, rotation=45, fontsize=8)
+            ax.set(ylabel="Attrib (last layer's input, Key corrupted)", title=f"ATR {s}")
+            ax.legend(fontsize=7)
+        fig.suptitle("ATR mechanism: which position restores the answer")
+        save(fig, "atr_mechanism.png")
+    return written
+
+
+# ─────────────────────────────────────────────────────────────────────────────────────────────
+# 6. Command line
 # ─────────────────────────────────────────────────────────────────────────────────────────────
 
-# A preset fills in Config defaults; explicit flags override it.
+# A preset fills in Config defaults per task; explicit flags override it.
 PRESETS = {
-    # the paper's protocol (PAPER.md §5): 100,032 fixed documents x 16 epochs = 50,016 steps, batch 32,
-    # 10% warmup then cosine to 0
-    "paper": dict(num_kv=8192, n_train=100_032, epochs=16, batch_size=32, schedule="cosine", eval_every=200),
-    # calibrated on 2 CPU cores (README, "The CPU preset"): the paper's task, documents, loss, batch and
-    # a paper width (d = 64); a shorter schedule that holds the peak learning rate, then decays
-    "cpu": dict(num_kv=8192, n_train=100_032, batch_size=32, d_model=64, lr=1e-3, schedule="wsd",
-                steps=15_000, eval_every=500),
+    "paper": {  # the paper's protocol (PAPER.md §5): a fixed set of 100,032 documents replayed every epoch,
+                # batch 32, 10% warmup then cosine to 0; AR 16 epochs (50,016 steps), ATR 32 (100,032)
+        "ar": dict(num_kv=8192, n_train=100_032, epochs=16, batch_size=32, schedule="cosine", eval_every=200),
+        "atr": dict(n_train=100_032, epochs=32, batch_size=32, schedule="cosine", eval_every=200),
+    },
+    "cpu": {  # calibrated on 2 CPU cores (README, "The CPU preset"): the paper's task, documents, loss,
+              # batch and a paper width (d = 64); a shorter schedule that holds the peak, then decays
+        "ar": dict(num_kv=8192, n_train=100_032, batch_size=32, d_model=64, lr=1e-3, schedule="wsd",
+                   steps=15_000, eval_every=500),
+        "atr": dict(n_train=100_032, batch_size=32, d_model=64, lr=1e-3, schedule="wsd",
+                    steps=15_000, eval_every=500, bucket=16),
+    },
 }
-CPU_RECIPES = {  # where the CPU preset differs per architecture, and why (measured: README)
+CPU_RECIPES = {  # (task, arch) -> where the CPU preset differs, and why (measured: README)
     # attention crosses its plateau (induction) only at step 13-17k: it needs the longest schedule
-    "attention": dict(steps=30_000),
+    ("ar", "attention"): dict(steps=30_000),
     # Mamba learns gradually and overfits the fixed set (train loss 0.03, test 0.66 at 25k steps):
     # fresh documents every step and its best learning rate of 1e-3 .. 1e-2 (3e-3) do better
-    "mamba": dict(steps=20_000, lr=3e-3, fresh_data=True),
+    ("ar", "mamba"): dict(steps=20_000, lr=3e-3, fresh_data=True),
 }
 
 
@@ -1348,6 +1919,17 @@ def build_parser() -> Parser:
                    help="after training, run the mechanistic evaluation (interchange interventions)")
     p.add_argument("--load", metavar="RUN_DIR", help="analyse a finished run instead of training "
                    "(with --interventions): python mech.py --load RUN_DIR --interventions")
+    s = p.add_argument_group("experiments", "run a named sweep of the paper instead of one run")
+    s.add_argument("--sweep", help="the sweep: " + ", ".join(SWEEPS))
+    s.add_argument("--scale", default="cpu", help="cpu (the calibrated CPU presets) or paper (its grid and protocol)")
+    s.add_argument("--seeds", type=int, help="seeds per run (default: 3 at scale cpu, 1 at scale paper)")
+    s.add_argument("--jobs", type=int, default=1, help="runs at a time, in local processes sharing the CPU threads")
+    s.add_argument("--print-commands", action="store_true", help="print one command per run (for a scheduler) "
+                   "instead of running them")
+    s.add_argument("--sweep-dir", help="where the sweep's run folders go (default: sweeps/<sweep>-<scale>)")
+    s.add_argument("--collect", metavar="DIR", help="gather the finished runs under DIR into results.json "
+                   "and draw the figures")
+    s.add_argument("--figures-dir", default="figures", help="where --sweep and --collect draw the figures")
     return p
 
 
@@ -1356,15 +1938,52 @@ def config_from_args(args: argparse.Namespace) -> Config:
     if args.preset not in PRESETS:
         raise ValueError(f"unknown preset {args.preset!r}; choose from {', '.join(PRESETS)}")
     given = {k: v for k, v in vars(args).items() if k in names}
-    preset = dict(PRESETS[args.preset])
+    task, arch = given.get("task", Config.task), given.get("arch", Config.arch)
+    preset = dict(PRESETS[args.preset].get(task, {}))
     if args.preset == "cpu":
-        preset.update(CPU_RECIPES.get(given.get("arch", Config.arch), {}))
+        preset.update(CPU_RECIPES.get((task, arch), {}))
+    if args.preset == "paper" and given.get("held_out"):
+        preset["schedule"] = "linear"  # the paper's generalisation runs (pcfg_gen) decay linearly
     return Config(**{**preset, **given})
+
+
+def experiments(args, parser) -> list:
+    """--sweep (run it, or print its commands) and --collect (results.json and figures)."""
+    if args.sweep:
+        try:
+            if args.jobs < 1:
+                raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+            seeds = args.seeds if args.seeds is not None else 3 if args.scale == "cpu" else 1
+            runs = sweep_runs(args.sweep, args.scale, seeds)
+            # Config flags given with --sweep apply to every run (e.g. --steps 2000 for a quick look)
+            extra = {f.name: getattr(args, f.name) for f in dataclasses.fields(Config) if hasattr(args, f.name)}
+            runs = [(name, {**run, **extra}) for name, run in runs]
+            for _, run in runs:
+                config_from_args(build_parser().parse_args(run_args(run)))  # bad values fail here, not in a job
+        except ValueError as e:
+            parser.error(str(e))
+        root = args.sweep_dir or os.path.join("sweeps", f"{args.sweep}-{args.scale}")
+        if args.print_commands:
+            import shlex
+            for name, run in runs:
+                print(shlex.join(run_command(run, os.path.join(root, name))))
+            return []
+        run_sweep(runs, root, args.jobs)
+    root = args.collect or root
+    if not os.path.isdir(root):
+        parser.error(f"--collect {root}: no such directory")
+    records = collect(root)
+    write_json(os.path.join(root, "results.json"), records)
+    paths = plot_figures(records, args.figures_dir)
+    print(f"{len(records)} runs collected into {os.path.join(root, 'results.json')}; figures: {', '.join(paths) or 'none'}")
+    return records
 
 
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.sweep or args.collect:
+        return experiments(args, parser)
     if args.load:  # analyse a saved run, no training
         missing = [f for f in ("config.json", "model.pt", "metrics.json") if not os.path.exists(os.path.join(args.load, f))]
         if missing:

@@ -229,8 +229,8 @@ def test_fresh_data(tiny_run, tmp_path, monkeypatch):
     batches = []
     sample = mech.AR.sample
 
-    def recording_sample(self, n, rng):
-        ex = sample(self, n, rng)
+    def recording_sample(self, n, rng, split="train"):
+        ex = sample(self, n, rng, split)
         if n == 32:  # a training batch (the test set has 32 documents too, but is drawn first)
             batches.append(ex.ids)
         return ex

@@ -1,0 +1,143 @@
+import collections
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import mech
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Config flags given with --sweep apply to every run: these make each run a few seconds long
+TINY = ["--steps", "6", "--d-model", "8", "--num-kv", "64", "--n-train", "64", "--n-eval", "16",
+        "--eval-every", "3", "--scan", "ref"]
+
+
+def parse(run):
+    return mech.config_from_args(mech.build_parser().parse_args(mech.run_args(run)))
+
+
+# ── enumeration ──────────────────────────────────────────────────────────────────────────────
+
+def test_paper_grids():
+    runs = mech.sweep_runs("ar-main", "paper", 1)
+    cells = collections.Counter((r["arch"], r["d_model"], r["lr"]) for _, r in runs)
+    assert len(runs) == 5 * 5 + 6 * 5 * 7 == len(cells)  # attention: LR5; the others LR7; d in 16..256
+    assert {d for _, d, _ in cells} == {16, 32, 64, 128, 256}
+    assert {lr for a, _, lr in cells if a == "attention"} == set(mech.LR5)
+    assert {lr for a, _, lr in cells if a == "mamba"} == {3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2}
+    assert all(r["seed"] == 42 for _, r in runs)
+    cfg = parse(runs[0][1])  # the paper's protocol: 16 epochs of 100,032 documents
+    assert cfg.total_steps == 50_016 and cfg.schedule == "cosine" and cfg.num_kv == 8192
+    dconv = mech.sweep_runs("ar-dconv", "paper", 1)
+    assert len(dconv) == 5 * 5 * 7 and {parse(r).d_conv for _, r in dconv} == {0, 1, 2, 3, 4}
+    atr = mech.sweep_runs("atr-main", "paper", 2)
+    assert len(atr) == 3 * 7 * 5 * 5 * 2
+    cfgs = [parse(r) for _, r in atr[:: 50]]
+    assert all(c.task == "atr" and c.total_steps == 100_032 for c in cfgs)
+    based = {(parse(r).arch, parse(r).d_conv, parse(r).long_conv) for _, r in mech.sweep_runs("ar-based-conv", "paper", 1)}
+    assert based == {("based", k, False) for k in (1, 2, 3, 4)} | {("based", 3, True), ("base_conv", None, True)}
+
+
+def test_cpu_scale_uses_the_presets_with_seeds():
+    runs = mech.sweep_runs("ar-main", "cpu", 3)
+    assert len(runs) == 7 * 3 and len({name for name, _ in runs}) == 21
+    cfgs = [parse(r) for _, r in runs]
+    assert {c.seed for c in cfgs} == {42, 43, 44}
+    assert all(c.d_model == 64 for c in cfgs)
+    mamba = next(c for c in cfgs if c.arch == "mamba")
+    assert mamba.fresh_data and mamba.lr == 3e-3  # the per-architecture CPU recipe applies
+    assert len(mech.sweep_runs("atr-mamba-dconv", "cpu", 3)) == 15
+    assert len(mech.sweep_runs("ar-layers", "cpu", 1)) == 21
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--sweep", "foo"], "'foo'"), (["--sweep", "ar-main", "--scale", "huge"], "'huge'"),
+    (["--sweep", "ar-main", "--seeds", "0", "--print-commands"], "--seeds"), (["--sweep", "ar-main", "--jobs", "0", "--print-commands"], "--jobs"),
+    (["--sweep", "ar-main", "--lr", "-1", "--print-commands"], "-1"), (["--collect", "/nonexistent/dir"], "/nonexistent/dir"),
+])
+def test_bad_sweep_values(capsys, args, needle):
+    with pytest.raises(SystemExit) as e:
+        mech.main(args)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and needle in err, err
+
+
+# ── running: printed commands, resumption, collection, figures ───────────────────────────────
+
+def test_printed_commands_run(tmp_path, capsys):
+    mech.main(["--sweep", "ar-dconv", "--seeds", "1", "--print-commands", "--sweep-dir", str(tmp_path), *TINY])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 5
+    for line in lines[:2]:  # each line is a whole command: run it as a scheduler would
+        cmd = shlex.split(line)
+        assert cmd[:2] == ["python", "mech.py"]
+        r = subprocess.run([sys.executable, *cmd[1:], "--threads", "1"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr
+        out = cmd[cmd.index("--out") + 1]
+        with open(os.path.join(out, "metrics.json")) as f:
+            assert "interventions" in json.load(f)
+
+
+def test_interrupted_sweep_resumes_and_keeps_finished_runs(tmp_path):
+    args = [sys.executable, "mech.py", "--sweep", "ar-dconv", "--seeds", "1", "--sweep-dir", str(tmp_path),
+            "--figures-dir", str(tmp_path / "figures"), *TINY]
+    p = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    done = lambda: sorted(tmp_path.glob("*/metrics.json"))
+    deadline = time.time() + 300
+    while not done() and time.time() < deadline:
+        time.sleep(0.2)
+    os.killpg(p.pid, signal.SIGKILL)  # the sweep and the run it had started, as a lost job would be
+    p.wait()
+    first = {path: path.stat().st_mtime_ns for path in done()}
+    assert 1 <= len(first) < 5
+    r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert f"{len(first)} of 5 runs already done" in r.stdout
+    assert len(done()) == 5
+    assert all(path.stat().st_mtime_ns == t for path, t in first.items())  # nothing finished was redone
+
+
+@pytest.fixture(scope="module")
+def tiny_sweep(tmp_path_factory):
+    """Real results of very short runs: the Mamba d_conv sweep and the attention runs of ar-main."""
+    root = tmp_path_factory.mktemp("sweep")
+    torch_threads = ["--jobs", "2"]
+    mech.main(["--sweep", "ar-dconv", "--seeds", "2", "--sweep-dir", str(root / "dconv"),
+               "--figures-dir", str(root / "fig0"), *torch_threads, *TINY])
+    return root
+
+
+def test_collect_and_figures(tiny_sweep, capsys):
+    root = tiny_sweep
+    records = mech.main(["--collect", str(root), "--figures-dir", str(root / "figures")])
+    assert len(records) == 10
+    assert {(r["d_conv"], r["seed"]) for r in records} == {(k, s) for k in range(5) for s in (42, 43)}
+    for r in records:
+        with open(root / "dconv" / os.path.basename(r["folder"]) / "metrics.json") as f:
+            assert json.load(f)["accuracy"] == r["accuracy"]
+        assert set(r["attrib"]) >= {"key", "value", "query"}
+        assert bool(r["conv"]) == (r["d_conv"] > 0)  # a conv to patch only where there is one
+    with open(root / "results.json") as f:
+        assert len(json.load(f)) == 10
+    figures = sorted(os.listdir(root / "figures"))
+    assert {"ar_mamba_dconv.png", "mamba_conv_restored.png"} <= set(figures)
+    for name in figures:
+        with open(root / "figures" / name, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert "10 runs collected" in capsys.readouterr().out
+
+
+def test_best_over_lr_picks_the_best_run_per_seed():
+    recs = [dict(arch="a", d_model=64, seed=s, lr=lr, accuracy=acc, dev_accuracy=None)
+            for s, lr, acc in ((1, 1e-3, 0.5), (1, 3e-3, 0.9), (2, 1e-3, 0.7), (2, 3e-3, 0.2))]
+    best = mech.best_over_lr(recs, "arch")
+    assert [r["accuracy"] for r in best["a", 64]] == [0.9, 0.7]
+    recs[1]["dev_accuracy"], recs[0]["dev_accuracy"] = 0.1, 0.8  # with a dev set, the dev accuracy chooses
+    assert mech.best_over_lr(recs, "arch")["a", 64][0]["accuracy"] == 0.5
