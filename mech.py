@@ -1732,17 +1732,25 @@ def plot_figures(records: list, out_dir: str) -> list:
     if main_ar:
         fig, ax = plt.subplots(figsize=(6, 4))
         best = best_over_lr(main_ar, "arch")
-        for arch in ARCHS:
+        widths = sorted({d for _, d in best})
+        for i, arch in enumerate(ARCHS):
             groups = {d: [r["accuracy"] for r in rs] for (a, d), rs in best.items() if a == arch}
-            if groups:
+            if len(widths) == 1 and groups:  # one width (the CPU preset): one column per architecture
+                points(ax, i, groups[widths[0]], colors[arch])
+            elif groups:
                 ds = sorted(groups)
                 ax.plot(ds, [np.mean(groups[d]) for d in ds], "-o", color=colors[arch], label=arch, ms=4)
                 for d in ds:
                     ax.scatter([d] * len(groups[d]), groups[d], color=colors[arch], s=10, alpha=0.5)
-        ax.set_xscale("log", base=2)
-        ax.set(xlabel="model width d", ylabel="test accuracy (best learning rate)", ylim=(-0.02, 1.02),
-               title="Associative Recall: accuracy by architecture and width (2 layers)")
-        ax.legend(fontsize=8)
+        if len(widths) == 1:
+            ax.set_xticks(range(len(ARCHS)), ARCHS, rotation=45, fontsize=8)
+            ax.set(xlabel=f"architecture (d = {widths[0]})")
+        else:
+            ax.set_xscale("log", base=2)
+            ax.set(xlabel="model width d")
+            ax.legend(fontsize=8)
+        ax.set(ylabel="test accuracy (best learning rate)", ylim=(-0.02, 1.02),
+               title="Associative Recall: accuracy by architecture (2 layers)")
         save(fig, "ar_accuracy.png")
 
     # 2. AR mechanism scatters (the paper's ar_32_diff): every run whose corruption matters (filter 0.01)
@@ -1851,9 +1859,11 @@ def plot_figures(records: list, out_dir: str) -> list:
                 rs = [r for r in main_atr if r["atr"] == s and r["arch"] == arch and "attrib" in r and r["effect"] >= 0.1]
                 for j, p in enumerate(("key", "query", "value")):
                     ys = [r["attrib"][p] for r in rs]
-                    if ys:
-                        ax.boxplot([ys], positions=[i + 0.25 * (j - 1)], widths=0.2, patch_artist=True,
-                                   boxprops=dict(facecolor=f"C{j + 1}"), medianprops=dict(color="k"))
+                    x = i + 0.25 * (j - 1)
+                    if len(ys) >= 3:
+                        ax.boxplot([ys], positions=[x], widths=0.2, patch_artist=True, showfliers=False,
+                                   boxprops=dict(facecolor=f"C{j + 1}", alpha=0.5), medianprops=dict(color="k"))
+                    ax.scatter([x] * len(ys), ys, color=f"C{j + 1}", s=14, zorder=3)
             for j, p in enumerate(("key", "query", "value")):
                 ax.plot([], [], "s", color=f"C{j + 1}", label=f"@{p.capitalize()}")
             for v in (0, 1):

@@ -87,7 +87,7 @@ def test_printed_commands_run(tmp_path, capsys):
 
 def test_interrupted_sweep_resumes_and_keeps_finished_runs(tmp_path):
     args = [sys.executable, "mech.py", "--sweep", "ar-dconv", "--seeds", "1", "--sweep-dir", str(tmp_path),
-            "--figures-dir", str(tmp_path / "figures"), *TINY]
+            "--figures-dir", str(tmp_path / "figures"), *TINY, "--no-interventions"]
     p = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     done = lambda: sorted(tmp_path.glob("*/metrics.json"))
     deadline = time.time() + 300
