@@ -49,9 +49,10 @@ Glossary (code name: paper notation, meaning)
     beta, S            β, S: DeltaNet's write strength and fast-weight state
 
 Run it:
-    python mech.py --arch mamba --task ar --dconv 4         # CPU preset: a few minutes
+    python mech.py --arch mamba --task ar --dconv 4         # CPU preset: ~8 min on 2 cores
     python mech.py --arch attention --d-model 128 --lr 3e-3
     python mech.py --arch based --task atr --atr easy       # Associative Treecall
+    python mech.py --sweep ar-dconv --jobs 2                # a sweep of the paper (section 5), 3 seeds
     python mech.py --preset paper --arch based --d-model 64 --lr 1e-3   # the paper's exact protocol
     python mech.py --help
 """
@@ -65,10 +66,13 @@ import json
 import math
 import os
 import platform
+import shlex
+import subprocess
 import sys
 import time
 import warnings
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -1630,16 +1634,13 @@ def run_args(run: dict) -> list:
     return args
 
 
-def run_command(run: dict, out: str) -> list:
-    return ["python", "mech.py", *run_args(run), "--out", out, "--quiet"]
+def run_command(run: dict, out: str, python: str = "python", script: str = "mech.py") -> list:
+    return [python, script, *run_args(run), "--out", out, "--quiet"]
 
 
 def run_sweep(runs: list, root: str, jobs: int, log=print) -> None:
     """Run the runs that have no result yet in `jobs` local processes, splitting the CPU threads
     between them; each process writes its output to <run folder>/log.txt."""
-    import shlex
-    import subprocess
-    from concurrent.futures import ThreadPoolExecutor
     todo = [(name, run) for name, run in runs if not os.path.exists(os.path.join(root, name, "metrics.json"))]
     log(f"{len(runs) - len(todo)} of {len(runs)} runs already done; running {len(todo)} in {jobs} processes")
     threads = max(1, (os.cpu_count() or 1) // jobs)
@@ -1648,7 +1649,7 @@ def run_sweep(runs: list, root: str, jobs: int, log=print) -> None:
         name, run = item
         out = os.path.join(root, name)
         os.makedirs(out, exist_ok=True)
-        cmd = [sys.executable, os.path.join(HERE, "mech.py"), *run_command(run, out)[2:], "--threads", str(threads)]
+        cmd = run_command(run, out, sys.executable, os.path.join(HERE, "mech.py")) + ["--threads", str(threads)]
         with open(os.path.join(out, "log.txt"), "a") as f:
             code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
         log(f"{'done' if code == 0 else f'FAILED (exit {code}, see {out}/log.txt)'}: {shlex.join(cmd[1:])}")
@@ -1974,12 +1975,11 @@ def experiments(args, parser) -> list:
             parser.error(str(e))
         root = args.sweep_dir or os.path.join("sweeps", f"{args.sweep}-{args.scale}")
         if args.print_commands:
-            import shlex
             for name, run in runs:
                 print(shlex.join(run_command(run, os.path.join(root, name))))
             return []
         run_sweep(runs, root, args.jobs)
-    root = args.collect or root
+    root = args.collect or root  # --collect DIR, or the sweep just run
     if not os.path.isdir(root):
         parser.error(f"--collect {root}: no such directory")
     records = collect(root)
