@@ -1592,6 +1592,7 @@ SWEEPS = {
     "atr-mamba-dconv": [(dict(task="atr", atr="easy", arch="mamba", d_conv=k), LR7) for k in range(5)],
 }
 SCALES = ("cpu", "paper")
+MIN_EFFECT = dict(ar=0.01, atr=0.1)  # the paper's filters for its mechanism plots: p_clean - p_corrupted
 
 
 def sweep_runs(sweep: str, scale: str, seeds: int) -> list:
@@ -1755,7 +1756,7 @@ def plot_figures(records: list, out_dir: str) -> list:
         save(fig, "ar_accuracy.png")
 
     # 2. AR mechanism scatters (the paper's ar_32_diff): every run whose corruption matters (filter 0.01)
-    analysed = [r for r in main_ar if "attrib" in r and r["effect"] >= 0.01]
+    analysed = [r for r in main_ar if "attrib" in r and r["effect"] >= MIN_EFFECT["ar"]]
     if analysed:
         fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
         for ax, (x, y) in zip(axes, (("query", "value"), ("key", "query"))):
@@ -1774,6 +1775,7 @@ def plot_figures(records: list, out_dir: str) -> list:
         save(fig, "ar_mechanism.png")
 
     # 3. the Mamba d_conv ablation, on AR and on ATR easy: accuracy and mechanism by conv width
+    # (Attribs only of runs whose corruption matters: the paper's filters, 0.01 on AR and 0.1 on ATR)
     for task, rs_task, name in (("AR", ar, "ar_mamba_dconv.png"), ("ATR easy", atr, "atr_mamba_dconv.png")):
         rs = [r for r in rs_task if r["arch"] == "mamba" and r["n_layer"] == 2 and r.get("atr", "easy") == "easy"]
         widths = sorted({r["d_conv"] for r in rs})
@@ -1781,23 +1783,31 @@ def plot_figures(records: list, out_dir: str) -> list:
             continue
         fig, axes = plt.subplots(1, 2, figsize=(10, 4))
         best = best_over_lr(rs, "d_conv")
+        labelled = set()
         for k in widths:
             points(axes[0], k, [r["accuracy"] for (kk, _), group in best.items() if kk == k for r in group], "C0")
             for j, (p, m) in enumerate((("key", "s"), ("query", "^"), ("value", "o"))):
-                ys = [r["attrib"][p] for (kk, _), group in best.items() if kk == k for r in group if "attrib" in r]
+                ys = [r["attrib"][p] for (kk, _), group in best.items() if kk == k for r in group
+                      if "attrib" in r and r["effect"] >= MIN_EFFECT[r["task"]]]
                 if ys:
-                    points(axes[1], k + 0.25 * (j - 1), ys, f"C{j + 1}", f"@{p.capitalize()}" if k == widths[0] else None, m)
+                    label = None if p in labelled else f"@{p.capitalize()}"  # one legend entry each
+                    labelled.add(p)
+                    points(axes[1], k + 0.25 * (j - 1), ys, f"C{j + 1}", label, m)
         axes[0].set(xlabel="d_conv (0 = no convolution)", ylabel="test accuracy", ylim=(-0.02, 1.02),
                     title=f"Mamba on {task}: accuracy by short-conv width")
         axes[1].set(xlabel="d_conv", ylabel="Attrib (last layer's input, Key corrupted)",
                     title=f"Mamba on {task}: mechanism by short-conv width")
-        axes[1].legend(fontsize=8)
+        if labelled:
+            axes[1].legend(fontsize=8)
+        else:
+            axes[1].text(0.5, 0.5, "no run moved p(answer) enough to attribute", ha="center",
+                         transform=axes[1].transAxes)
         for ax in axes:
             ax.set_xticks(widths)
         save(fig, name)
 
     # 4. Mamba's conv-internal restoration (v3): patching layer 0's conv output at the Value / Value+1
-    rs = [r for r in records if r["arch"] == "mamba" and r.get("conv")]
+    rs = [r for r in records if r["arch"] == "mamba" and r.get("conv") and r["effect"] >= MIN_EFFECT[r["task"]]]
     if rs:
         fig, ax = plt.subplots(figsize=(6, 4))
         keys = sorted({(r["task"], r["d_conv"]) for r in rs})
@@ -1857,7 +1867,8 @@ def plot_figures(records: list, out_dir: str) -> list:
         fig, axes = plt.subplots(1, len(settings), figsize=(4.5 * len(settings), 4), squeeze=False)
         for ax, s in zip(axes[0], settings):
             for i, arch in enumerate(ARCHS):
-                rs = [r for r in main_atr if r["atr"] == s and r["arch"] == arch and "attrib" in r and r["effect"] >= 0.1]
+                rs = [r for r in main_atr if r["atr"] == s and r["arch"] == arch and "attrib" in r
+                      and r["effect"] >= MIN_EFFECT["atr"]]
                 for j, p in enumerate(("key", "query", "value")):
                     ys = [r["attrib"][p] for r in rs]
                     x = i + 0.25 * (j - 1)
