@@ -285,19 +285,24 @@ def test_backward_work_is_linear_in_length(backend):
 
 # ── inside Mamba ─────────────────────────────────────────────────────────────────────────────
 
-def test_mamba_layer_same_with_either_scan_backend():
-    scan_extension_or_skip()
+def assert_mamba_same_with_either_backend(batch, device):
+    """A Mamba layer gives the same outputs and gradients (input and every parameter) with ext and ref."""
     torch.manual_seed(0)
-    ext = mech.Mamba(16, scan="ext")
-    ref = mech.Mamba(16, scan="ref")
+    ext = mech.Mamba(16, scan="ext").to(device)
+    ref = mech.Mamba(16, scan="ref").to(device)
     ref.load_state_dict(ext.state_dict())
-    x = torch.randn(2, 37, 16, requires_grad=True)
+    x = torch.randn(batch, 37, 16, device=device, requires_grad=True)
     y_ext, y_ref = ext(x), ref(x)
     torch.testing.assert_close(y_ext, y_ref, rtol=6e-4, atol=2e-5)
     g_ext = torch.autograd.grad(y_ext.square().sum(), [x, *ext.parameters()])
     g_ref = torch.autograd.grad(y_ref.square().sum(), [x, *ref.parameters()])
     for (name, _), a, b in zip([("x", None), *ext.named_parameters()], g_ext, g_ref):
         torch.testing.assert_close(a, b, rtol=2e-3, atol=1e-4, msg=name)
+
+
+def test_mamba_layer_same_with_either_scan_backend():
+    scan_extension_or_skip()
+    assert_mamba_same_with_either_backend(2, "cpu")
 
 
 def train_losses(scan, steps=20):
@@ -353,17 +358,7 @@ def test_ext_cuda_matches_cpu():
 
 def test_mamba_layer_on_cuda_same_with_either_backend():
     cuda_or_skip()
-    torch.manual_seed(0)
-    ext = mech.Mamba(16, scan="ext").cuda()
-    ref = mech.Mamba(16, scan="ref").cuda()
-    ref.load_state_dict(ext.state_dict())
-    x = torch.randn(4, 37, 16, device="cuda", requires_grad=True)
-    y_ext, y_ref = ext(x), ref(x)
-    torch.testing.assert_close(y_ext, y_ref, rtol=6e-4, atol=2e-5)
-    g_ext = torch.autograd.grad(y_ext.square().sum(), [x, *ext.parameters()])
-    g_ref = torch.autograd.grad(y_ref.square().sum(), [x, *ref.parameters()])
-    for (name, _), a, b in zip([("x", None), *ext.named_parameters()], g_ext, g_ref):
-        torch.testing.assert_close(a, b, rtol=2e-3, atol=1e-4, msg=name)
+    assert_mamba_same_with_either_backend(4, "cuda")
 
 
 # ── choosing the backend ─────────────────────────────────────────────────────────────────────
