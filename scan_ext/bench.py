@@ -220,9 +220,13 @@ def problem(b, l, d, n, seed=0, full=True, dtype=torch.float32):
     return dict(kw, delta_softplus=full), leaves
 
 
-def fwd_bwd(fn, kw, leaves, seed=1):
+def cotangent(kw, seed=1):
+    """A fixed random ∂loss/∂out for problem kw (drawn once, outside the timed calls)."""
+    return torch.randn(kw["u"].shape, generator=torch.Generator().manual_seed(seed), dtype=kw["u"].dtype)
+
+
+def fwd_bwd(fn, kw, leaves, G):
     out = fn(**kw)
-    G = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=out.dtype)
     grads = torch.autograd.grad(out, list(leaves.values()), G, allow_unused=True)
     return out, {k: torch.zeros_like(v) if gr is None else gr for (k, v), gr in zip(leaves.items(), grads)}
 
@@ -234,8 +238,9 @@ def check(name, fn):
     """fn against mech.selective_scan_ref on small problems: None if it agrees, else what differs."""
     for shape, full in [((2, 37, 7, 16), True), ((2, 64, 5, 4), False), ((3, 1, 4, 16), True), ((1, 271, 3, 8), True)]:
         kw, leaves = problem(*shape, seed=sum(shape), full=full)
-        out, grads = fwd_bwd(fn, kw, leaves)
-        out_r, grads_r = fwd_bwd(mech.selective_scan_ref, kw, leaves)
+        G = cotangent(kw)
+        out, grads = fwd_bwd(fn, kw, leaves, G)
+        out_r, grads_r = fwd_bwd(mech.selective_scan_ref, kw, leaves, G)
         for k, a, b in [("out", out, out_r), *((k, grads[k], grads_r[k]) for k in grads)]:
             rtol, atol = TOL.get(k, TOL["out"])
             if not torch.allclose(a, b, rtol=rtol, atol=atol):
@@ -263,7 +268,8 @@ def measure(fn, repeats, warmup=1, budget_s=60.0):
 
 def time_scan(fn, shape, repeats, warmup=1, budget_s=60.0):
     kw, leaves = problem(*shape)
-    return measure(lambda: fwd_bwd(fn, kw, leaves), repeats, warmup, budget_s)
+    G = cotangent(kw)
+    return measure(lambda: fwd_bwd(fn, kw, leaves, G), repeats, warmup, budget_s)
 
 
 def time_train_step(arch, scan, repeats, budget_s=60.0, batch_size=32):
@@ -312,7 +318,7 @@ def ms(x):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads(N) (default: torch's choice)")
-    p.add_argument("--repeats", type=int, default=5, help="timed repeats per measurement (medians are reported)")
+    p.add_argument("--repeats", type=int, default=11, help="timed repeats per measurement (medians are reported)")
     p.add_argument("--quick", action="store_true", help="one shape and few repeats: a smoke test")
     p.add_argument("--budget-s", type=float, default=60.0,
                    help="about how long to spend on one measurement: slow ones get fewer repeats (default 60)")
@@ -321,7 +327,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    repeats = 2 if args.quick and args.repeats == 5 else args.repeats
+    repeats = 2 if args.quick and args.repeats == 11 else args.repeats
 
     ext, how = load_extension()
     print(f"# selective scan benchmark\n\ntorch {torch.__version__}, {torch.get_num_threads()} threads, "
@@ -369,7 +375,7 @@ def main(argv=None):
         b, l, d, n = shape
         t_ext = time_scan(BACKENDS["ext"], shape, repeats, budget_s=args.budget_s)
         t_vec = time_scan(CANDIDATES[best], shape, repeats, budget_s=args.budget_s)
-        # the ref loop's backward is quadratic in L (mech.selective_scan_ref indexes x[:, :, t])
+        # foresee the ref loop's time from the last shape, conservatively as if quadratic in L
         prev = ref_at.get((b, d, n))
         guess = prev[1] * (l / prev[0]) ** 2 if prev else 0.0
         if guess > args.max_run_s:

@@ -60,6 +60,30 @@ template <> inline float exp_<float>(float x) {
   return x < -87.0f ? 0.0f : p * scale;
 }
 
+// log(1 + y) for y >= 0, for softplus(x) = log(1 + e^x). For float, inlined like exp_ (the library's
+// vector log1p costs as much as the whole recurrence at N = 4): 1 + y = 2^k m with m in [√½, √2),
+// log m = 2 atanh(s) = 2 (s + s^3/3 + ... + s^9/9) with s = (m - 1)/(m + 1), |s| <= 0.172 (error
+// below 1e-9); tiny y, whose 1 + y rounds to 1, take log(1 + y) = y - y^2/2.
+template <typename T> inline T log1p_(T y) { return std::log1p(y); }
+template <> inline float log1p_<float>(float y) {
+  const float x = 1.0f + y;
+  int32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  const int32_t shifted = bits - 0x3f3504f3;                             // 0x3f3504f3 = √½
+  const int32_t k = shifted >> 23;                                       // exponent, m in [√½, √2)
+  const int32_t mbits = (shifted & 0x007fffff) + 0x3f3504f3;
+  float m;
+  std::memcpy(&m, &mbits, sizeof m);
+  const float s = (m - 1.0f) / (m + 1.0f), s2 = s * s;
+  float p = 2.0f / 9.0f;
+  p = std::fma(p, s2, 2.0f / 7.0f);
+  p = std::fma(p, s2, 2.0f / 5.0f);
+  p = std::fma(p, s2, 2.0f / 3.0f);
+  p = std::fma(p, s2, 2.0f);
+  const float log_x = std::fma(static_cast<float>(k), 0.693147180559945f, s * p);
+  return y < 1e-4f ? y * (1.0f - 0.5f * y) : log_x;
+}
+
 // Strided view of a (B, D, L) tensor.
 template <typename T> struct BDL {
   T* p; int64_t sb, sd, sl;
@@ -92,14 +116,20 @@ struct Block {
   void gather(const BDL<T>& src, T* dst) const {
     const T* p = &src(b, d0, 0);
     for (int64_t t = 0; t < L; ++t, p += src.sl) {
-      if (src.sd == 1 && nw == W) std::copy(p, p + W, dst + t * W);
+      if (src.sd == 1 && nw == W) {
+        // Mamba's layout puts steps a row of D channels apart, too far for the hardware prefetcher
+        // to follow: ask for the next block's cache line now, so its gather finds it in the cache
+        __builtin_prefetch(p + W);
+        std::copy(p, p + W, dst + t * W);
+      }
       else for (int64_t w = 0; w < W; ++w) dst[t * W + w] = w < nw ? p[w * src.sd] : T(0);
     }
   }
   void scatter(const T* src, const BDL<T>& dst) const {
     T* p = &dst(b, d0, 0);
     for (int64_t t = 0; t < L; ++t, p += dst.sl) {
-      if (dst.sd == 1) std::copy(src + t * W, src + t * W + nw, p);
+      if (dst.sd == 1 && nw == W) std::copy(src + t * W, src + t * W + W, p);  // inlined: W is fixed
+      else if (dst.sd == 1) std::copy(src + t * W, src + t * W + nw, p);
       else for (int64_t w = 0; w < nw; ++w) p[w * dst.sd] = src[t * W + w];
     }
   }
@@ -121,15 +151,15 @@ struct Block {
     if (a.softplus_) {  // Δ = softplus(pre) (= pre above 20); dΔ/dpre = σ(pre) (1 above 20)
 #pragma omp simd
       for (int64_t i = 0; i < L * W; ++i) {
-        const T pre = dt[i];
-        dsp[i] = pre <= T(20) ? T(1) / (T(1) + std::exp(-pre)) : T(1);
-        dt[i] = pre <= T(20) ? std::log1p(std::exp(pre)) : pre;
+        const T pre = dt[i], e = exp_(pre);
+        dsp[i] = pre <= T(20) ? e / (T(1) + e) : T(1);
+        dt[i] = pre <= T(20) ? log1p_(e) : pre;
       }
     }
     if (a.z) {
       gather(*a.z, z.data());
 #pragma omp simd
-      for (int64_t i = 0; i < L * W; ++i) { sz[i] = T(1) / (T(1) + std::exp(-z[i])); gate[i] = z[i] * sz[i]; }
+      for (int64_t i = 0; i < L * W; ++i) { sz[i] = T(1) / (T(1) + exp_(-z[i])); gate[i] = z[i] * sz[i]; }
     }
   }
 };
@@ -144,13 +174,15 @@ void forward_kernel(const Args<T>& a, const BDL<T>& out) {
     for (int64_t task = begin; task < end; ++task) {
       blk.load(a, task / blocks, task % blocks * W);
       const int64_t b = blk.b;
-      std::fill(h.begin(), h.end(), T(0));
+      std::fill(h.begin(), h.begin() + N * W, T(0));
       for (int64_t t = 0; t < L; ++t) {
         const T* dt = &blk.dt[t * W];
         const T* x = &blk.x[t * W];
         const T* Bt = a.B + (b * L + t) * N;
         const T* Ct = a.C + (b * L + t) * N;
-        T* yt = &y[t * W];
+        // y_t accumulates in a local vector, i.e. in a register: accumulated in y[] in memory, every
+        // step over n would wait for the previous one's store to come back from the cache
+        T yt[W];
 #pragma omp simd
         for (int64_t w = 0; w < W; ++w) yt[w] = blk.Dv[w] * x[w];    // D u_t
         for (int64_t n = 0; n < N; ++n) {
@@ -163,10 +195,9 @@ void forward_kernel(const Args<T>& a, const BDL<T>& out) {
             yt[w] += Ct[n] * hn[w];
           }
         }
-        if (a.z) {
+        const T* gate = &blk.gate[t * W];
 #pragma omp simd
-          for (int64_t w = 0; w < W; ++w) yt[w] *= blk.gate[t * W + w];  // ⊙ SiLU(z_t)
-        }
+        for (int64_t w = 0; w < W; ++w) y[t * W + w] = a.z ? yt[w] * gate[w] : yt[w];  // ⊙ SiLU(z_t)
       }
       blk.scatter(y.data(), out);
     }
@@ -181,8 +212,10 @@ void forward_kernel(const Args<T>& a, const BDL<T>& out) {
 //   dΔ_t = Σ_n g_t,n (B_t,n u_t + A_n a_t,n h_{t-1},n)
 //   dA  += g_t Δ_t a_t ⊙ h_{t-1}
 //   ddelta_t = dΔ_t σ(delta_t + bias) with softplus (1 above 20),   dbias += ddelta_t
-// h_{t-1} and a_t are kept from a recomputed forward pass; h_{t-1} is never recovered by dividing
-// by a_t (which underflows to 0 for fast-decaying channels).
+// Two passes per block of channels. The first recomputes the forward pass and does everything that
+// needs h_t but not g_t: y_t (hence dz_t and dy_t), dD and dC. It keeps h_t and a_t for the adjoint
+// sweep, so h_{t-1} is never recovered by dividing by a_t (which underflows to 0 for fast-decaying
+// channels).
 template <typename T>
 void backward_kernel(const Args<T>& a, const BDL<T>& dout, const BDL<T>& du, const BDL<T>& ddelta,
                      const std::optional<BDL<T>>& dz, T* dA_b, T* dB, T* dC, T* dD_b, T* dbias_b) {
@@ -190,22 +223,28 @@ void backward_kernel(const Args<T>& a, const BDL<T>& dout, const BDL<T>& du, con
   const int64_t N = a.N, L = a.L, Dim = a.Dim;
   at::parallel_for(0, a.Bsz, 1, [&](int64_t begin, int64_t end) {
     Block<T> blk(L);
-    // channel-minor scratch: H[((t+1) N + n) W + w] = h_t (row t = -1 is zeros), Abar = a_t,
-    // per-lane partial sums of dB and dC (reduced over lanes once per batch row), and the
-    // block's output gradients, written back at the end
+    // channel-minor scratch: H[((t + 1) N + n) W + w] = h_t (row t = -1 is zeros), Abar[(t N + n) W + w]
+    // = a_t, the per-lane partial sums of dB and dC (reduced over lanes once per batch row), and the
+    // block's gradients
     std::vector<T> H((L + 1) * N * W), Abar(L * N * W), dBw(L * N * W), dCw(L * N * W);
-    std::vector<T> g(N * W), dA(N * W), G(L * W), du_b(L * W), ddelta_b(L * W), dz_b(L * W);
+    std::vector<T> g(N * W), dA(N * W), dy(L * W), du_b(L * W), ddelta_b(L * W), dz_b(L * W);
     for (int64_t b = begin; b < end; ++b) {
       std::fill(dBw.begin(), dBw.end(), T(0));
       std::fill(dCw.begin(), dCw.end(), T(0));
       for (int64_t d0 = 0; d0 < Dim; d0 += W) {
         blk.load(a, b, d0);
-        blk.gather(dout, G.data());
+        blk.gather(dout, dy.data());                 // G, turned into dy below
         std::fill(H.begin(), H.begin() + N * W, T(0));
-        for (int64_t t = 0; t < L; ++t) {  // recompute the forward pass, keeping h_t and a_t
+        T dD[W] = {}, dbias[W] = {};
+        for (int64_t t = 0; t < L; ++t) {            // pass 1: forward, with dy, dz, dD and dC
           const T* dt = &blk.dt[t * W];
           const T* x = &blk.x[t * W];
           const T* Bt = a.B + (b * L + t) * N;
+          const T* Ct = a.C + (b * L + t) * N;
+          T* dyt = &dy[t * W];
+          T y[W];
+#pragma omp simd
+          for (int64_t w = 0; w < W; ++w) y[w] = blk.Dv[w] * x[w];
           for (int64_t n = 0; n < N; ++n) {
             const T* hp = &H[(t * N + n) * W];
             T* ht = &H[((t + 1) * N + n) * W];
@@ -215,66 +254,62 @@ void backward_kernel(const Args<T>& a, const BDL<T>& dout, const BDL<T>& du, con
             for (int64_t w = 0; w < W; ++w) {
               at[w] = exp_(dt[w] * An[w]);
               ht[w] = at[w] * hp[w] + dt[w] * x[w] * Bt[n];
+              y[w] += Ct[n] * ht[w];
             }
+          }
+          if (a.z) {
+#pragma omp simd
+            for (int64_t w = 0; w < W; ++w) {
+              const T s = blk.sz[t * W + w], zt = blk.z[t * W + w];
+              dz_b[t * W + w] = dyt[w] * y[w] * s * (T(1) + zt * (T(1) - s));
+              dyt[w] *= blk.gate[t * W + w];
+            }
+          }
+#pragma omp simd
+          for (int64_t w = 0; w < W; ++w) dD[w] += dyt[w] * x[w];
+          for (int64_t n = 0; n < N; ++n) {
+            const T* hn = &H[((t + 1) * N + n) * W];
+            T* dCn = &dCw[(t * N + n) * W];
+#pragma omp simd
+            for (int64_t w = 0; w < W; ++w) dCn[w] += dyt[w] * hn[w];
           }
         }
         std::fill(g.begin(), g.end(), T(0));  // g[n][w] holds a_{t+1} g_{t+1}
         std::fill(dA.begin(), dA.end(), T(0));
-        T dD[W] = {}, dbias[W] = {};
-        for (int64_t t = L - 1; t >= 0; --t) {
+        for (int64_t t = L - 1; t >= 0; --t) {       // pass 2: the adjoint sweep
           const T* dt = &blk.dt[t * W];
           const T* x = &blk.x[t * W];
           const T* Bt = a.B + (b * L + t) * N;
           const T* Ct = a.C + (b * L + t) * N;
-          T dy[W], du_t[W], ddt[W];
+          const T* dyt = &dy[t * W];
+          // with S = Σ_n g_t,n B_t,n and P_n = g_t,n a_t,n h_{t-1},n, both vectors over channels:
+          //   du_t = D dy_t + Δ_t S,   dΔ_t = u_t S + Σ_n A_n P_n,   dA_n += Δ_t P_n,   dB_t,n += g_t,n Δ_t u_t
+          T S[W] = {}, AP[W] = {}, dtx[W];
 #pragma omp simd
-          for (int64_t w = 0; w < W; ++w) dy[w] = G[t * W + w];
-          if (a.z) {  // dz needs y_t: recompute it from the stored states
-            T y[W];
-#pragma omp simd
-            for (int64_t w = 0; w < W; ++w) y[w] = blk.Dv[w] * x[w];
-            for (int64_t n = 0; n < N; ++n) {
-              const T* ht = &H[((t + 1) * N + n) * W];
-#pragma omp simd
-              for (int64_t w = 0; w < W; ++w) y[w] += Ct[n] * ht[w];
-            }
-#pragma omp simd
-            for (int64_t w = 0; w < W; ++w) {
-              const T s = blk.sz[t * W + w], zt = blk.z[t * W + w];
-              dz_b[t * W + w] = dy[w] * y[w] * s * (T(1) + zt * (T(1) - s));
-              dy[w] *= blk.gate[t * W + w];
-            }
-          }
-#pragma omp simd
-          for (int64_t w = 0; w < W; ++w) {
-            dD[w] += dy[w] * x[w];
-            du_t[w] = blk.Dv[w] * dy[w];
-            ddt[w] = T(0);
-          }
+          for (int64_t w = 0; w < W; ++w) dtx[w] = dt[w] * x[w];
           for (int64_t n = 0; n < N; ++n) {
-            const T* hp = &H[(t * N + n) * W];
-            const T* ht = &H[((t + 1) * N + n) * W];
             const T* at = &Abar[(t * N + n) * W];
+            const T* hp = &H[(t * N + n) * W];
             const T* An = &blk.At[n * W];
             T* gn = &g[n * W];
             T* dAn = &dA[n * W];
             T* dBn = &dBw[(t * N + n) * W];
-            T* dCn = &dCw[(t * N + n) * W];
 #pragma omp simd
             for (int64_t w = 0; w < W; ++w) {
-              const T gt = dy[w] * Ct[n] + gn[w];        // g_t
-              dCn[w] += dy[w] * ht[w];
-              dBn[w] += gt * dt[w] * x[w];
-              du_t[w] += gt * dt[w] * Bt[n];
-              ddt[w] += gt * (Bt[n] * x[w] + An[w] * at[w] * hp[w]);
-              dAn[w] += gt * dt[w] * at[w] * hp[w];
+              const T gt = dyt[w] * Ct[n] + gn[w];       // g_t
+              const T P = gt * at[w] * hp[w];
+              S[w] += gt * Bt[n];
+              AP[w] += An[w] * P;
+              dAn[w] += dt[w] * P;
+              dBn[w] += gt * dtx[w];
               gn[w] = at[w] * gt;                        // a_t g_t, for step t-1
             }
           }
 #pragma omp simd
           for (int64_t w = 0; w < W; ++w) {
-            const T dd = a.softplus_ ? ddt[w] * blk.dsp[t * W + w] : ddt[w];
-            du_b[t * W + w] = du_t[w];
+            const T ddt = x[w] * S[w] + AP[w];
+            const T dd = a.softplus_ ? ddt * blk.dsp[t * W + w] : ddt;
+            du_b[t * W + w] = blk.Dv[w] * dyt[w] + dt[w] * S[w];
             ddelta_b[t * W + w] = dd;
             dbias[w] += dd;
           }
@@ -405,9 +440,9 @@ std::vector<torch::Tensor> bwd(torch::Tensor dout, torch::Tensor u, torch::Tenso
 #endif
   {
     TORCH_CHECK(u.device().is_cpu(), "this build of the scan extension has no CUDA kernel");
-    auto dA_b = torch::zeros({Bsz, Dim, N}, opts);
-    dB = torch::zeros({Bsz, L, N}, opts);
-    dC = torch::zeros({Bsz, L, N}, opts);
+    auto dA_b = torch::empty({Bsz, Dim, N}, opts);  // the kernel writes every entry of these
+    dB = torch::empty({Bsz, L, N}, opts);
+    dC = torch::empty({Bsz, L, N}, opts);
     AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "selective_scan_bwd", [&] {
       std::optional<BDL<scalar_t>> dz_view;
       if (dz.defined()) dz_view = BDL<scalar_t>(dz);
