@@ -85,6 +85,16 @@ def test_printed_commands_run(tmp_path, capsys):
             assert "interventions" in json.load(f)
 
 
+def test_printing_into_a_reader_that_stops_early_is_not_an_error():
+    # `python mech.py --sweep ar-main --scale paper --print-commands | head -1`
+    p = subprocess.Popen([sys.executable, "mech.py", "--sweep", "ar-main", "--scale", "paper", "--print-commands"],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = p.stdout.readline()
+    p.stdout.close()
+    err = p.stderr.read()
+    assert p.wait(timeout=120) == 0 and first.startswith(b"python mech.py") and err == b"", err
+
+
 def test_interrupted_sweep_resumes_and_keeps_finished_runs(tmp_path):
     args = [sys.executable, "mech.py", "--sweep", "ar-dconv", "--seeds", "1", "--sweep-dir", str(tmp_path),
             "--figures-dir", str(tmp_path / "figures"), *TINY, "--no-interventions"]
