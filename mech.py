@@ -130,6 +130,13 @@ def write_json(path: str, obj) -> None:
     atomic_write(path, write)
 
 
+def write_text(path: str, text: str) -> None:
+    def write(tmp):
+        with open(tmp, "w") as f:
+            f.write(text)
+    atomic_write(path, write)
+
+
 # ─────────────────────────────────────────────────────────────────────────────────────────────
 # 1. The tasks: Associative Recall (AR) and Associative Treecall (ATR)
 # ─────────────────────────────────────────────────────────────────────────────────────────────
@@ -1683,6 +1690,28 @@ def collect(root: str) -> list:
     return records
 
 
+def summary_table(records: list) -> str:
+    """Markdown, one row per configuration (runs that differ only in their seed): the test accuracy as
+    mean ± sample standard deviation over seeds (min-max), and the main-setting Attribs averaged over
+    the seeds whose answer reacts to the corruption (p_clean - p_corrupted >= MIN_EFFECT, as in the
+    figures), with how many seeds those are."""
+    groups = {}
+    for r in records:
+        task = r["task"] + (f" {r['atr']}" if r["task"] == "atr" else "")
+        variant = "" if default_convs(r) else (" long conv" if r["long_conv"] else f" d_conv {r['d_conv']}")
+        groups.setdefault((task, r["arch"] + variant, r["n_layer"], r["d_model"], r["lr"]), []).append(r)
+    lines = ["| task | model | layers | d | lr | seeds | accuracy | Attrib Key / Value / Query (seeds) |",
+             "|---|---|---:|---:|---:|---:|---|---|"]
+    for (task, model, n_layer, d, lr), rs in sorted(groups.items()):
+        acc = [r["accuracy"] for r in rs]
+        spread = f" ± {np.std(acc, ddof=1):.3f} ({min(acc):.3f}-{max(acc):.3f})" if len(acc) > 1 else ""
+        act = [r for r in rs if "attrib" in r and r["effect"] >= MIN_EFFECT[r["task"]]]
+        attrib = (" / ".join(f"{np.mean([r['attrib'][p] for r in act]):.2f}" for p in ("key", "value", "query"))
+                  + f" ({len(act)})") if act else "- (0)"
+        lines.append(f"| {task} | {model} | {n_layer} | {d} | {lr:g} | {len(rs)} | {np.mean(acc):.3f}{spread} | {attrib} |")
+    return "\n".join(lines)
+
+
 def default_convs(r: dict) -> bool:
     """A run of the architecture as the paper's main results have it: default short conv, no long-conv swap."""
     return not r["long_conv"] and r["d_conv"] == (DEFAULT_DCONV.get(r["arch"]) if r["arch"] != "base_conv" else None)
@@ -1995,8 +2024,11 @@ def experiments(args, parser) -> list:
         parser.error(f"--collect {root}: no such directory")
     records = collect(root)
     write_json(os.path.join(root, "results.json"), records)
+    table = summary_table(records)
+    write_text(os.path.join(root, "summary.md"), table + "\n")
     paths = plot_figures(records, args.figures_dir)
-    print(f"{len(records)} runs collected into {os.path.join(root, 'results.json')}; figures: {', '.join(paths) or 'none'}")
+    print(f"{table}\n\n{len(records)} runs collected into {os.path.join(root, 'results.json')} (table: "
+          f"{os.path.join(root, 'summary.md')}); figures: {', '.join(paths) or 'none'}")
     return records
 
 

@@ -144,6 +144,12 @@ def test_collect_and_figures(tiny_sweep, capsys):
         with open(root / "figures" / name, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert "10 runs collected" in capsys.readouterr().out
+    # the summary: one row per d_conv, its two seeds as mean ± std (min-max) of the recorded accuracies
+    rows = [line.split(" | ") for line in (root / "summary.md").read_text().splitlines()[2:]]
+    assert len(rows) == 5 and all(row[5] == "2" for row in rows)
+    for row in rows:
+        accs = sorted(r["accuracy"] for r in records if row[1] == ("mamba" if r["d_conv"] == 4 else f"mamba d_conv {r['d_conv']}"))
+        assert row[6].startswith(f"{sum(accs) / 2:.3f} ± ") and row[6].endswith(f"({accs[0]:.3f}-{accs[1]:.3f})")
 
 
 def test_best_over_lr_picks_the_best_run_per_seed():
