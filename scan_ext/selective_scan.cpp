@@ -62,8 +62,9 @@ template <> inline float exp_<float>(float x) {
 
 // log(1 + y) for y >= 0, for softplus(x) = log(1 + e^x). For float, inlined like exp_ (the library's
 // vector log1p costs as much as the whole recurrence at N = 4): 1 + y = 2^k m with m in [√½, √2),
-// log m = 2 atanh(s) = 2 (s + s^3/3 + ... + s^9/9) with s = (m - 1)/(m + 1), |s| <= 0.172 (error
-// below 1e-9); tiny y, whose 1 + y rounds to 1, take log(1 + y) = y - y^2/2.
+// log(1 + y) = k ln 2 + 2 atanh(s) = k ln 2 + 2 (s + s^3/3 + ... + s^9/9) with s = (m - 1)/(m + 1),
+// |s| <= 0.172 (error below 1e-9). When k = 0, s = y / (2 + y) instead: taking it from the rounded
+// 1 + y would lose y's low bits, a relative error up to 1e-3 for small y.
 template <typename T> inline T log1p_(T y) { return std::log1p(y); }
 template <> inline float log1p_<float>(float y) {
   const float x = 1.0f + y;
@@ -74,14 +75,13 @@ template <> inline float log1p_<float>(float y) {
   const int32_t mbits = (shifted & 0x007fffff) + 0x3f3504f3;
   float m;
   std::memcpy(&m, &mbits, sizeof m);
-  const float s = (m - 1.0f) / (m + 1.0f), s2 = s * s;
+  const float s = k == 0 ? y / (2.0f + y) : (m - 1.0f) / (m + 1.0f), s2 = s * s;
   float p = 2.0f / 9.0f;
   p = std::fma(p, s2, 2.0f / 7.0f);
   p = std::fma(p, s2, 2.0f / 5.0f);
   p = std::fma(p, s2, 2.0f / 3.0f);
   p = std::fma(p, s2, 2.0f);
-  const float log_x = std::fma(static_cast<float>(k), 0.693147180559945f, s * p);
-  return y < 1e-4f ? y * (1.0f - 0.5f * y) : log_x;
+  return std::fma(static_cast<float>(k), 0.693147180559945f, s * p);
 }
 
 // Strided view of a (B, D, L) tensor.
