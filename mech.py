@@ -123,18 +123,15 @@ def atomic_write(path: str, write) -> None:
     os.replace(tmp, path)
 
 
-def write_json(path: str, obj) -> None:
-    def write(tmp):
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=1)
-    atomic_write(path, write)
-
-
 def write_text(path: str, text: str) -> None:
     def write(tmp):
         with open(tmp, "w") as f:
             f.write(text)
     atomic_write(path, write)
+
+
+def write_json(path: str, obj) -> None:
+    write_text(path, json.dumps(obj, indent=1))
 
 
 # ─────────────────────────────────────────────────────────────────────────────────────────────
