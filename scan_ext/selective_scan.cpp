@@ -64,7 +64,7 @@ template <> inline float exp_<float>(float x) {
 // vector log1p costs as much as the whole recurrence at N = 4): 1 + y = 2^k m with m in [√½, √2),
 // log(1 + y) = k ln 2 + 2 atanh(s) = k ln 2 + 2 (s + s^3/3 + ... + s^9/9) with s = (m - 1)/(m + 1),
 // |s| <= 0.172 (error below 1e-9). When k = 0, s = y / (2 + y) instead: taking it from the rounded
-// 1 + y would lose y's low bits, a relative error up to 1e-3 for small y.
+// 1 + y would lose y's low bits (measured: relative errors up to 6e-4 in softplus).
 template <typename T> inline T log1p_(T y) { return std::log1p(y); }
 template <> inline float log1p_<float>(float y) {
   const float x = 1.0f + y;
