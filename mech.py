@@ -1594,6 +1594,8 @@ SWEEPS = {
     "atr-main": [(dict(task="atr", atr=s, arch=a), LR5) for s in ATR_SETTINGS for a in ARCHS],
     # C7 (v3): Mamba with d_conv 0..4 on ATR easy
     "atr-mamba-dconv": [(dict(task="atr", atr="easy", arch="mamba", d_conv=k), LR7) for k in range(5)],
+    # R5: Attention without its position embedding on ATR (the others are NoPE in atr-main already)
+    "atr-attention-nope": [(dict(task="atr", atr=s, arch="attention", pos_emb=False), LR5) for s in ("easy", "medium")],
 }
 SCALES = ("cpu", "paper")
 MIN_EFFECT = dict(ar=0.01, atr=0.1)  # the paper's filters for its mechanism plots: p_clean - p_corrupted
@@ -1620,8 +1622,9 @@ def sweep_runs(sweep: str, scale: str, seeds: int) -> list:
 
 
 def run_name(run: dict) -> str:
-    short = dict(d_conv="dconv", n_layer="layers", d_model="d", long_conv="long", seed="s")
-    parts = [f"{short.get(k, '')}{'' if v is True else v}" for k, v in run.items() if k != "preset"]
+    short = dict(d_conv="dconv", n_layer="layers", d_model="d", long_conv="long", pos_emb="pe", seed="s")
+    parts = [(short[k] if v else "no" + short[k]) if isinstance(v, bool) else f"{short.get(k, '')}{v}"
+             for k, v in run.items() if k != "preset"]
     return "_".join(p for p in parts if p)
 
 
@@ -1695,8 +1698,8 @@ def summary_table(records: list) -> str:
     groups = {}
     for r in records:
         task = r["task"] + (f" {r['atr']}" if r["task"] == "atr" else "")
-        variant = "" if default_convs(r) else (" long conv" if r["long_conv"] else f" d_conv {r['d_conv']}")
-        groups.setdefault((task, r["arch"] + variant, r["n_layer"], r["d_model"], r["lr"]), []).append(r)
+        groups.setdefault((task, r["arch"] + conv_variant(r) + pe_variant(r), r["n_layer"], r["d_model"], r["lr"]),
+                          []).append(r)
     lines = ["| task | model | layers | d | lr | seeds | accuracy | Attrib Key / Value / Query (seeds) |",
              "|---|---|---:|---:|---:|---:|---|---|"]
     for (task, model, n_layer, d, lr), rs in sorted(groups.items()):
@@ -1709,9 +1712,16 @@ def summary_table(records: list) -> str:
     return "\n".join(lines)
 
 
-def default_convs(r: dict) -> bool:
-    """A run of the architecture as the paper's main results have it: default short conv, no long-conv swap."""
-    return not r["long_conv"] and r["d_conv"] == (DEFAULT_DCONV.get(r["arch"]) if r["arch"] != "base_conv" else None)
+def conv_variant(r: dict) -> str:
+    """How a run's convolutions depart from the architecture in the paper's main results ('' if not)."""
+    if r["long_conv"]:
+        return " long conv"
+    return "" if r["d_conv"] == (DEFAULT_DCONV.get(r["arch"]) if r["arch"] != "base_conv" else None) else f" d_conv {r['d_conv']}"
+
+
+def pe_variant(r: dict) -> str:
+    """The same for the position embedding, which the paper's main results give to Attention only."""
+    return "" if r["pos_emb"] == (r["arch"] == "attention") else (" PE" if r["pos_emb"] else " NoPE")
 
 
 def best_over_lr(records: list, *keys) -> dict:
@@ -1754,7 +1764,7 @@ def plot_figures(records: list, out_dir: str) -> list:
 
     ar = [r for r in records if r["task"] == "ar"]
     atr = [r for r in records if r["task"] == "atr"]
-    main_ar = [r for r in ar if r["n_layer"] == 2 and default_convs(r)]
+    main_ar = [r for r in ar if r["n_layer"] == 2 and not conv_variant(r) + pe_variant(r)]
 
     # 1. AR accuracy by width (the paper's ar_32), max over learning rates, per seed
     if main_ar:
@@ -1860,7 +1870,7 @@ def plot_figures(records: list, out_dir: str) -> list:
         save(fig, "based_conv.png")
 
     # 6. depth (R2): accuracy by number of layers
-    rs = [r for r in ar if default_convs(r)]
+    rs = [r for r in ar if not conv_variant(r) + pe_variant(r)]
     if len({r["n_layer"] for r in rs}) > 1:
         fig, ax = plt.subplots(figsize=(7, 4))
         layers = sorted({r["n_layer"] for r in rs})
@@ -1875,25 +1885,29 @@ def plot_figures(records: list, out_dir: str) -> list:
         ax.legend(fontsize=8)
         save(fig, "ar_layers.png")
 
-    # 7. ATR accuracy per setting, and its mechanism as box plots (R6, R13; filter 0.1)
-    main_atr = [r for r in atr if r["n_layer"] == 2 and default_convs(r) and not r["held_out"]]
+    # 7. ATR accuracy per setting, and its mechanism as box plots (R6, R13; filter 0.1); a model run with
+    # the other position-embedding choice (R5, e.g. Attention NoPE) gets a column of its own
+    main_atr = [r for r in atr if r["n_layer"] == 2 and not conv_variant(r) and not r["held_out"]]
     settings = [s for s in ATR_SETTINGS if any(r["atr"] == s for r in main_atr)]
+    model = lambda r: r["arch"] + pe_variant(r)
+    models = [a + v for a in ARCHS for v in ("", " PE", " NoPE") if any(model(r) == a + v for r in main_atr)]
+    color = lambda name: colors[name.split()[0]]
     if settings:
-        fig, axes = plt.subplots(1, len(settings), figsize=(4.5 * len(settings), 4), squeeze=False)
+        fig, axes = plt.subplots(1, len(settings), figsize=(max(6.5, 5 * len(settings)), 4.2), squeeze=False)
         for ax, s in zip(axes[0], settings):
-            best = best_over_lr([r for r in main_atr if r["atr"] == s], "arch")
-            for i, arch in enumerate(ARCHS):
-                ys = [r["accuracy"] for (a, _), g in best.items() if a == arch for r in g]
+            for i, name in enumerate(models):
+                best = best_over_lr([r for r in main_atr if r["atr"] == s and model(r) == name], "arch")
+                ys = [r["accuracy"] for g in best.values() for r in g]
                 if ys:
-                    points(ax, i, ys, colors[arch])
-            ax.set_xticks(range(len(ARCHS)), ARCHS, rotation=45, fontsize=8)
+                    points(ax, i, ys, color(name))
+            ax.set_xticks(range(len(models)), models, rotation=45, ha="right", fontsize=8)
             ax.set(ylabel="test accuracy", ylim=(0.3, 1.02), title=f"ATR {s}")
         fig.suptitle("Associative Treecall: accuracy by architecture (2 layers)")
         save(fig, "atr_accuracy.png")
-        fig, axes = plt.subplots(1, len(settings), figsize=(4.5 * len(settings), 4), squeeze=False)
+        fig, axes = plt.subplots(1, len(settings), figsize=(max(6.5, 5 * len(settings)), 4.2), squeeze=False)
         for ax, s in zip(axes[0], settings):
-            for i, arch in enumerate(ARCHS):
-                rs = [r for r in main_atr if r["atr"] == s and r["arch"] == arch and "attrib" in r
+            for i, name in enumerate(models):
+                rs = [r for r in main_atr if r["atr"] == s and model(r) == name and "attrib" in r
                       and r["effect"] >= MIN_EFFECT["atr"]]
                 for j, p in enumerate(("key", "query", "value")):
                     ys = [r["attrib"][p] for r in rs]
@@ -1906,7 +1920,7 @@ def plot_figures(records: list, out_dir: str) -> list:
                 ax.plot([], [], "s", color=f"C{j + 1}", label=f"@{p.capitalize()}")
             for v in (0, 1):
                 ax.axhline(v, color="grey", ls="--", lw=0.6)
-            ax.set_xticks(range(len(ARCHS)), ARCHS, rotation=45, fontsize=8)
+            ax.set_xticks(range(len(models)), models, rotation=45, ha="right", fontsize=8)
             ax.set(ylabel="Attrib (last layer's input, Key corrupted)", title=f"ATR {s}")
             ax.legend(fontsize=7)
         fig.suptitle("ATR mechanism: which position restores the answer")

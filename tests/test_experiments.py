@@ -53,6 +53,19 @@ def test_cpu_scale_uses_the_presets_with_seeds():
     assert mamba.fresh_data and mamba.lr == 3e-3  # the per-architecture CPU recipe applies
     assert len(mech.sweep_runs("atr-mamba-dconv", "cpu", 3)) == 15
     assert len(mech.sweep_runs("ar-layers", "cpu", 1)) == 21
+    nope = mech.sweep_runs("atr-attention-nope", "cpu", 1)  # a False flag is named and passed as --no-...
+    assert [name for name, _ in nope] == ["atr_easy_attention_nope_s42", "atr_medium_attention_nope_s42"]
+    assert all(parse(r).pos_emb is False for _, r in nope)
+
+
+def test_variants_name_the_departures_from_the_papers_main_runs():
+    base = dict(task="atr", atr="easy", n_layer=2, d_model=64, lr=1e-3, long_conv=False, seed=42, accuracy=0.5)
+    recs = [dict(base, arch="attention", d_conv=None, pos_emb=True), dict(base, arch="attention", d_conv=None, pos_emb=False),
+            dict(base, arch="mamba", d_conv=4, pos_emb=False), dict(base, arch="mamba", d_conv=0, pos_emb=False),
+            dict(base, arch="based", d_conv=3, pos_emb=True, long_conv=True)]
+    names = ["attention", "attention NoPE", "mamba", "mamba d_conv 0", "based long conv PE"]
+    assert [r["arch"] + mech.conv_variant(r) + mech.pe_variant(r) for r in recs] == names
+    assert sorted(line.split(" | ")[1] for line in mech.summary_table(recs).splitlines()[2:]) == sorted(names)
 
 
 @pytest.mark.parametrize("args, needle", [
