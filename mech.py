@@ -1716,7 +1716,8 @@ def conv_variant(r: dict) -> str:
     """How a run's convolutions depart from the architecture in the paper's main results ('' if not)."""
     if r["long_conv"]:
         return " long conv"
-    return "" if r["d_conv"] == (DEFAULT_DCONV.get(r["arch"]) if r["arch"] != "base_conv" else None) else f" d_conv {r['d_conv']}"
+    default = DEFAULT_DCONV.get(r["arch"]) if r["arch"] != "base_conv" else None
+    return "" if r["d_conv"] == default else f" d_conv {r['d_conv']}"
 
 
 def pe_variant(r: dict) -> str:
