@@ -1469,23 +1469,31 @@ def interchange(model: LanguageModel, task, data: Examples, corrupted: str = "ke
             for site, layer, p in grid]
 
 
-def main_setting(rows: list, n_layer: int) -> dict:
-    """Attrib at the paper's main setting: the last layer's block_input, Key corrupted."""
+def main_setting(rows: list, n_layer: int, layer: int = None) -> dict:
+    """Attrib at the paper's main setting: the last layer's block_input (or `layer`'s), Key corrupted."""
     site, corrupted = MAIN
+    layer = n_layer - 1 if layer is None else layer
     return {r["position"]: r["attrib"] for r in rows
-            if r["corrupted"] == corrupted and r["site"] == site and r["layer"] == n_layer - 1}
+            if r["corrupted"] == corrupted and r["site"] == site and r["layer"] == layer}
 
 
 def verdict(rows: list, n_layer: int) -> str:
-    """The mechanism in words, from the main setting (thresholds VERDICT_*)."""
+    """The mechanism in words, from the main setting (thresholds VERDICT_*).
+
+    With more than two layers the last layer's input can show @Query 1.00 for an induction model too
+    (layer 1 already moved the answer from the Value to the Query), so the verdict reads the first
+    layer whose input no longer holds the association at the Key; with two layers that is the last."""
     key_rows = [r for r in rows if r["corrupted"] == "key"]
     effect = key_rows[0]["p_clean"] - key_rows[0]["p_corr"]
     if effect < VERDICT_MIN_EFFECT:
         return (f"not learned: corrupting the Key moves p(answer) by only {effect:.3f} "
                 f"(< {VERDICT_MIN_EFFECT}), too little to attribute")
-    a = main_setting(rows, n_layer)
-    names = {"value": "induction: the key-value binding is stored at the Value position before the last layer",
-             "query": "direct retrieval at the last position: the answer is computed at the Query before the last layer",
+    layer = next((l for l in range(1, n_layer) if main_setting(rows, n_layer, l)["key"] < VERDICT_DOMINANT),
+                 n_layer - 1)
+    a = main_setting(rows, n_layer, layer)
+    where = "the last layer" if layer == n_layer - 1 else f"layer {layer}"
+    names = {"value": f"induction: the key-value binding is stored at the Value position before {where}",
+             "query": f"direct retrieval at the last position: the answer is computed at the Query before {where}",
              "key": "direct retrieval, late: the last layer reads the Key position itself"}
     best = max(names, key=lambda p: a[p])
     if a[best] >= VERDICT_DOMINANT and all(a[p] <= 1 - VERDICT_DOMINANT for p in names if p != best):

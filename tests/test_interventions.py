@@ -498,16 +498,23 @@ def test_induction_one_layer_earlier_reads_as_direct_retrieval():
 
 # ── 3. the verdict on synthetic rows ──────────────────────────────────────────────────────────
 
-def synthetic(attrib, p_clean=0.9, p_corr=0.1, n_layer=2, corrupted="key"):
-    """Rows as interchange returns them: the main setting gets `attrib` (position -> value); every
-    other cell gets a distractor (1.0 at the Value), so that a verdict read off the wrong cell fails."""
+def synthetic(attrib, p_clean=0.9, p_corr=0.1, n_layer=2, corrupted="key", layer=None):
+    """Rows as interchange returns them: block_input of `layer` (default the last) gets `attrib`
+    (position -> value); the block inputs before it hold the association at the Key, as an embedding
+    does; every other cell gets a distractor (1.0 at the Value), so that a verdict read off the wrong
+    cell fails."""
+    layer = n_layer - 1 if layer is None else layer
     rows = []
     for site in ("block_input", "block_output", "mixer_output"):
-        for layer in range(n_layer):
+        for l in range(n_layer):
             for p in mech.POSITIONS:
-                main = (site, layer) == ("block_input", n_layer - 1)
-                a = attrib.get(p, 0.0) if main else (1.0 if p == "value" else 0.0)
-                rows.append(dict(corrupted=corrupted, site=site, layer=layer, position=p, p_clean=p_clean,
+                if (site, l) == ("block_input", layer):
+                    a = attrib.get(p, 0.0)
+                elif site == "block_input" and l < layer:
+                    a = 1.0 if p == "key" else 0.0
+                else:
+                    a = 1.0 if p == "value" else 0.0
+                rows.append(dict(corrupted=corrupted, site=site, layer=l, position=p, p_clean=p_clean,
                                  p_corr=p_corr, p_patch=p_corr + a * (p_clean - p_corr), attrib=a))
     return rows
 
@@ -526,6 +533,24 @@ def test_verdict_names_the_dominant_position(n_layer):
     m = V(query=0.55, key=0.45, value=0.0)
     assert m.startswith("mixed") and "Attrib@Query 0.55" in m and "Attrib@Key 0.45" in m and "Attrib@Value 0.00" in m
     assert V(value=0.5, query=0.5).startswith("mixed")
+
+
+def test_verdict_of_a_deep_model_reads_the_first_layer_past_the_key():
+    # a 3-layer induction model: the Value holds the binding entering layer 1, and layer 1 already
+    # moves the answer to the Query, so the last layer's input alone would look like direct retrieval
+    rows = synthetic(dict(value=1.0), n_layer=3, layer=1)
+    for r in rows:
+        if (r["site"], r["layer"]) == ("block_input", 2):
+            r["attrib"] = float(r["position"] == "query")
+    assert mech.main_setting(rows, 3)["query"] == 1.0
+    assert mech.verdict(rows, 3) == ("induction: the key-value binding is stored at the Value position "
+                                     "before layer 1")
+    # direct retrieval already entering layer 1
+    assert mech.verdict(synthetic(dict(query=1.0), n_layer=3, layer=1), 3).endswith("before layer 1")
+    # the Key holds the association entering layer 1: the verdict reads the last layer, as with 2 layers
+    v = mech.verdict(synthetic(dict(value=0.9), n_layer=3, layer=2), 3)
+    assert v.startswith("induction") and v.endswith("before the last layer")
+    assert mech.verdict(synthetic(dict(key=0.95), n_layer=3), 3).startswith("direct retrieval, late")
 
 
 def test_verdict_not_learned_below_the_minimum_effect():
