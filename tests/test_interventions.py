@@ -483,17 +483,19 @@ def test_without_the_previous_token_head_there_is_no_induction():
     assert not v.startswith("induction") and v.startswith("not learned"), v
 
 
-def test_induction_one_layer_earlier_reads_as_direct_retrieval():
-    """The same circuit in the first two of three layers: before the last layer, the answer is
-    already at the Query (Attrib@Query = 1, @Value = 0), and the verdict must say so."""
+def test_induction_one_layer_earlier_is_still_induction():
+    """The same circuit in the first two of three layers: before the last layer the answer is already
+    at the Query (the main setting reads Attrib@Query = 1, @Value = 0), yet the mechanism is induction,
+    visible entering layer 1, and the verdict must say so."""
     model, cfg, task = build_induction_model(n_layer=3)
     data = task.sample(32, mech.rng_for(cfg.seed, "test"))
     assert mech.evaluate(model, data)["accuracy"] >= 0.95
     rows = mech.interchange(model, task, data, "key")
     main = mech.main_setting(rows, cfg.n_layer)  # block_input[2]
     assert main["query"] > 0.99 and abs(main["value"]) < 0.02 and abs(main["key"]) < 0.02, main
-    assert mech.verdict(rows, cfg.n_layer).startswith("direct retrieval at the last position")
-    assert row(rows, "block_input", 1, "value")["attrib"] > 0.99  # the induction is still visible a layer down
+    assert row(rows, "block_input", 1, "value")["attrib"] > 0.99
+    assert mech.verdict(rows, cfg.n_layer) == ("induction: the key-value binding is stored at the Value "
+                                               "position before layer 1")
 
 
 # ── 3. the verdict on synthetic rows ──────────────────────────────────────────────────────────
