@@ -1693,7 +1693,11 @@ def collect(root: str) -> list:
             first = next(r for r in rows if r["corrupted"] == "key")
             rec.update(attrib=m["interventions"]["main"], effect=first["p_clean"] - first["p_corr"],
                        conv={r["position"]: r["attrib"] for r in rows if r["corrupted"] == "key"
-                             and r["site"] == "conv_output" and r["layer"] == 0})
+                             and r["site"] == "conv_output" and r["layer"] == 0},
+                       # R11: which layer's mixer brings the answer to the Query
+                       query_by_layer=[next(r["attrib"] for r in rows if r["corrupted"] == "key" and
+                                            r["site"] == "mixer_output" and r["layer"] == l and
+                                            r["position"] == "query") for l in range(cfg["n_layer"])])
         records.append(rec)
     return records
 
@@ -1751,7 +1755,8 @@ def best_over_lr(records: list, *keys) -> dict:
 
 def plot_figures(records: list, out_dir: str) -> list:
     """Draw every figure the records allow (AR accuracy and mechanism, the Mamba d_conv and Based conv
-    ablations, depth, ATR accuracy and mechanism, Mamba's conv-internal restoration) as PNGs in out_dir.
+    ablations, depth and its per-layer mechanism, ATR accuracy and mechanism, Mamba's conv-internal
+    restoration) as PNGs in out_dir.
     Seeds are drawn as points, their mean as a line or bar. Returns the paths written."""
     import matplotlib
     matplotlib.use("Agg")
@@ -1885,16 +1890,41 @@ def plot_figures(records: list, out_dir: str) -> list:
     if len({r["n_layer"] for r in rs}) > 1:
         fig, ax = plt.subplots(figsize=(7, 4))
         layers = sorted({r["n_layer"] for r in rs})
+        labelled = set()
         for i, arch in enumerate(ARCHS):
             for n in layers:
                 ys = [r["accuracy"] for g in best_over_lr([r for r in rs if r["arch"] == arch and r["n_layer"] == n],
                                                           "arch").values() for r in g]
                 if ys:
-                    points(ax, i + 0.25 * (n - 2), ys, f"C{n - 1}", f"{n} layer{'s' if n > 1 else ''}" if i == 0 else None)
+                    points(ax, i + 0.25 * (n - 2), ys, f"C{n - 1}",
+                           None if n in labelled else f"{n} layer{'s' if n > 1 else ''}")  # one legend entry each
+                    labelled.add(n)
         ax.set_xticks(range(len(ARCHS)), ARCHS, fontsize=8)
-        ax.set(ylabel="test accuracy", ylim=(-0.02, 1.02), title="Associative Recall by depth")
+        ax.set(xlabel="architecture", ylabel="test accuracy", ylim=(-0.02, 1.02), title="Associative Recall by depth")
         ax.legend(fontsize=8)
         save(fig, "ar_layers.png")
+
+        # R11: per layer, Attrib@Query of the mixer's output: the layer that fetches the answer to the
+        # Query scores 1, the layers before and after it 0 (filter 0.01, as the paper's)
+        analysed = [r for r in rs if r.get("query_by_layer") and r["effect"] >= MIN_EFFECT["ar"]]
+        if analysed:
+            fig, axes = plt.subplots(1, len(layers), figsize=(4.5 * len(layers), 4), squeeze=False, sharey=True)
+            for ax, n in zip(axes[0], layers):
+                for i, arch in enumerate(ARCHS):
+                    for l in range(n):
+                        ys = [r["query_by_layer"][l] for r in analysed if r["arch"] == arch and r["n_layer"] == n]
+                        if ys:
+                            points(ax, i + 0.25 * (l - (n - 1) / 2), ys, f"C{l}")
+                for l in range(n):
+                    ax.plot([], [], "s", color=f"C{l}", label=f"layer {l}")
+                for v in (0, 1):
+                    ax.axhline(v, color="grey", ls="--", lw=0.6)
+                ax.set_xticks(range(len(ARCHS)), ARCHS, rotation=45, ha="right", fontsize=8)
+                ax.set(title=f"{n} layer{'s' if n > 1 else ''}", xlabel="architecture")
+                ax.legend(fontsize=7)
+            axes[0][0].set(ylabel="Attrib@Query of the layer's mixer output")
+            fig.suptitle("AR by depth: which layer brings the answer to the Query (Key corrupted)")
+            save(fig, "ar_layers_attrib.png")
 
     # 7. ATR accuracy per setting, and its mechanism as box plots (R6, R13; filter 0.1); a model run with
     # the other position-embedding choice (R5, e.g. Attention NoPE) gets a column of its own

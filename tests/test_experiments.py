@@ -165,6 +165,21 @@ def test_collect_and_figures(tiny_sweep, capsys):
         assert row[6].startswith(f"{sum(accs) / 2:.3f} ± ") and row[6].endswith(f"({accs[0]:.3f}-{accs[1]:.3f})")
 
 
+def test_depth_figures_and_the_per_layer_attribution(tmp_path):
+    for n in (1, 3):
+        mech.main(["--arch", "mamba", "--layers", str(n), "--out", str(tmp_path / f"l{n}"), "--quiet", *TINY])
+    records = mech.main(["--collect", str(tmp_path), "--figures-dir", str(tmp_path / "figures")])
+    assert sorted(len(r["query_by_layer"]) for r in records) == [1, 3]
+    for r in records:  # R11's number: Attrib@Query of each layer's mixer output, Key corrupted
+        with open(tmp_path / r["folder"] / "metrics.json") as f:
+            rows = json.load(f)["interventions"]["rows"]
+        assert r["query_by_layer"] == [next(x["attrib"] for x in rows if (x["corrupted"], x["site"], x["layer"], x["position"])
+                                            == ("key", "mixer_output", l, "query")) for l in range(r["n_layer"])]
+    figures = set(os.listdir(tmp_path / "figures"))
+    assert "ar_layers.png" in figures
+    assert ("ar_layers_attrib.png" in figures) == any(r["effect"] >= 0.01 for r in records)
+
+
 def test_best_over_lr_picks_the_best_run_per_seed():
     recs = [dict(arch="a", d_model=64, seed=s, lr=lr, accuracy=acc, dev_accuracy=None)
             for s, lr, acc in ((1, 1e-3, 0.5), (1, 3e-3, 0.9), (2, 1e-3, 0.7), (2, 3e-3, 0.2))]
