@@ -1469,7 +1469,7 @@ def interchange(model: LanguageModel, task, data: Examples, corrupted: str = "ke
             for site, layer, p in grid]
 
 
-def main_setting(rows: list, n_layer: int, layer: int = None) -> dict:
+def main_setting(rows: list, n_layer: int, layer: int | None = None) -> dict:
     """Attrib at the paper's main setting: the last layer's block_input (or `layer`'s), Key corrupted."""
     site, corrupted = MAIN
     layer = n_layer - 1 if layer is None else layer
@@ -1696,9 +1696,9 @@ def collect(root: str) -> list:
                        conv={r["position"]: r["attrib"] for r in rows if r["corrupted"] == "key"
                              and r["site"] == "conv_output" and r["layer"] == 0},
                        # R11: which layer's mixer brings the answer to the Query
-                       query_by_layer=[next(r["attrib"] for r in rows if r["corrupted"] == "key" and
-                                            r["site"] == "mixer_output" and r["layer"] == l and
-                                            r["position"] == "query") for l in range(cfg["n_layer"])])
+                       query_by_layer=[next((r["attrib"] for r in rows if r["corrupted"] == "key" and
+                                             r["site"] == "mixer_output" and r["layer"] == l and
+                                             r["position"] == "query"), float("nan")) for l in range(cfg["n_layer"])])
         records.append(rec)
     return records
 
