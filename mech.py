@@ -1773,9 +1773,9 @@ def plot_figures(records: list, out_dir: str) -> list:
         plt.close(fig)
         written.append(path)
 
-    def points(ax, x, ys, color, label=None, marker="o"):  # the seeds as dots, their mean as a bar
+    def points(ax, x, ys, color, label=None, marker="o", width=0.3):  # the seeds as dots, their mean as a bar
         ax.scatter([x] * len(ys), ys, color=color, s=14, alpha=0.6, marker=marker)
-        ax.hlines(np.mean(ys), x - 0.3, x + 0.3, color=color, lw=2, label=label)
+        ax.hlines(np.mean(ys), x - width, x + width, color=color, lw=2, label=label)
 
     ar = [r for r in records if r["task"] == "ar"]
     atr = [r for r in records if r["task"] == "atr"]
@@ -1915,7 +1915,7 @@ def plot_figures(records: list, out_dir: str) -> list:
                     for l in range(n):
                         ys = [r["query_by_layer"][l] for r in analysed if r["arch"] == arch and r["n_layer"] == n]
                         if ys:
-                            points(ax, i + 0.25 * (l - (n - 1) / 2), ys, f"C{l}")
+                            points(ax, i + 0.25 * (l - (n - 1) / 2), ys, f"C{l}", width=0.1)
                 for l in range(n):
                     ax.plot([], [], "s", color=f"C{l}", label=f"layer {l}")
                 for v in (0, 1):
