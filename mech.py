@@ -1596,8 +1596,9 @@ SWEEPS = {
     # R4: Based with its BaseConv kernel 1..4 or the long conv, and BaseConv with long convs only
     "ar-based-conv": [(dict(task="ar", arch="based", d_conv=k), LR5) for k in (1, 2, 3, 4)]
                      + [(dict(task="ar", arch=a, long_conv=True), LR5) for a in ("based", "base_conv")],
-    # R2, R11: depth (no 1-layer Based: its one layer would be a BaseConv layer, the 1-layer BaseConv run)
-    "ar-layers": [(dict(task="ar", arch=a, n_layer=n), LR7) for n in (1, 2, 3) for a in ARCHS
+    # R2, R11: depth. 2 layers are ar-main's runs (the paper's 2-layer panel is R1); no 1-layer Based:
+    # its one layer would be a BaseConv layer, the 1-layer BaseConv run
+    "ar-layers": [(dict(task="ar", arch=a, n_layer=n), LR7) for n in (1, 3) for a in ARCHS
                   if (a, n) != ("based", 1)],
     # R6, R13: the three ATR settings
     "atr-main": [(dict(task="atr", atr=s, arch=a), LR5) for s in ATR_SETTINGS for a in ARCHS],
