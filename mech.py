@@ -1693,13 +1693,12 @@ def collect(root: str) -> list:
         if "interventions" in m:
             rows = m["interventions"]["rows"]
             first = next(r for r in rows if r["corrupted"] == "key")
+            key = {(r["site"], r["layer"], r["position"]): r["attrib"] for r in rows if r["corrupted"] == "key"}
             rec.update(attrib=m["interventions"]["main"], effect=first["p_clean"] - first["p_corr"],
-                       conv={r["position"]: r["attrib"] for r in rows if r["corrupted"] == "key"
-                             and r["site"] == "conv_output" and r["layer"] == 0},
+                       conv={p: a for (site, layer, p), a in key.items() if (site, layer) == ("conv_output", 0)},
                        # R11: which layer's mixer brings the answer to the Query
-                       query_by_layer=[next((r["attrib"] for r in rows if r["corrupted"] == "key" and
-                                             r["site"] == "mixer_output" and r["layer"] == l and
-                                             r["position"] == "query"), float("nan")) for l in range(cfg["n_layer"])])
+                       query_by_layer=[key.get(("mixer_output", l, "query"), float("nan"))
+                                       for l in range(cfg["n_layer"])])
         records.append(rec)
     return records
 
