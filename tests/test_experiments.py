@@ -2,6 +2,7 @@ import collections
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,50 +13,54 @@ import pytest
 import mech
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Config flags given with --sweep apply to every run: these make each run a few seconds long
+sys.path.insert(0, os.path.join(ROOT, "figures"))
+import experiments  # noqa: E402
+
+SCRIPT = os.path.join("figures", "experiments.py")
+# mech.py flags given with --sweep apply to every run: these make each run a few seconds long
 TINY = ["--steps", "6", "--d-model", "8", "--num-kv", "64", "--n-train", "64", "--n-eval", "16",
         "--eval-every", "3", "--scan", "ref"]
 
 
 def parse(run):
-    return mech.config_from_args(mech.build_parser().parse_args(mech.run_args(run)))
+    return mech.config_from_args(mech.build_parser().parse_args(experiments.run_args(run)))
 
 
 # ── enumeration ──────────────────────────────────────────────────────────────────────────────
 
 def test_paper_grids():
-    runs = mech.sweep_runs("ar-main", "paper", 1)
+    runs = experiments.sweep_runs("ar-main", "paper", 1)
     cells = collections.Counter((r["arch"], r["d_model"], r["lr"]) for _, r in runs)
     assert len(runs) == 5 * 5 + 6 * 5 * 7 == len(cells)  # attention: LR5; the others LR7; d in 16..256
     assert {d for _, d, _ in cells} == {16, 32, 64, 128, 256}
-    assert {lr for a, _, lr in cells if a == "attention"} == set(mech.LR5)
+    assert {lr for a, _, lr in cells if a == "attention"} == set(experiments.LR5)
     assert {lr for a, _, lr in cells if a == "mamba"} == {3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2}
     assert all(r["seed"] == 42 for _, r in runs)
     cfg = parse(runs[0][1])  # the paper's protocol: 16 epochs of 100,032 documents
     assert cfg.total_steps == 50_016 and cfg.schedule == "cosine" and cfg.num_kv == 8192
-    dconv = mech.sweep_runs("ar-dconv", "paper", 1)
+    dconv = experiments.sweep_runs("ar-dconv", "paper", 1)
     assert len(dconv) == 5 * 5 * 7 and {parse(r).d_conv for _, r in dconv} == {0, 1, 2, 3, 4}
-    atr = mech.sweep_runs("atr-main", "paper", 2)
+    atr = experiments.sweep_runs("atr-main", "paper", 2)
     assert len(atr) == 3 * 7 * 5 * 5 * 2
     cfgs = [parse(r) for _, r in atr[:: 50]]
     assert all(c.task == "atr" and c.total_steps == 100_032 for c in cfgs)
-    based = {(parse(r).arch, parse(r).d_conv, parse(r).long_conv) for _, r in mech.sweep_runs("ar-based-conv", "paper", 1)}
+    based = {(parse(r).arch, parse(r).d_conv, parse(r).long_conv) for _, r in experiments.sweep_runs("ar-based-conv", "paper", 1)}
     assert based == {("based", k, False) for k in (1, 2, 3, 4)} | {("based", 3, True), ("base_conv", None, True)}
 
 
 def test_cpu_scale_uses_the_presets_with_seeds():
-    runs = mech.sweep_runs("ar-main", "cpu", 3)
+    runs = experiments.sweep_runs("ar-main", "cpu", 3)
     assert len(runs) == 7 * 3 and len({name for name, _ in runs}) == 21
     cfgs = [parse(r) for _, r in runs]
     assert {c.seed for c in cfgs} == {42, 43, 44}
     assert all(c.d_model == 64 for c in cfgs)
     mamba = next(c for c in cfgs if c.arch == "mamba")
     assert mamba.fresh_data and mamba.lr == 3e-3  # the per-architecture CPU recipe applies
-    assert len(mech.sweep_runs("atr-mamba-dconv", "cpu", 3)) == 15
-    layers = {(parse(r).arch, parse(r).n_layer) for _, r in mech.sweep_runs("ar-layers", "cpu", 1)}
+    assert len(experiments.sweep_runs("atr-mamba-dconv", "cpu", 3)) == 15
+    layers = {(parse(r).arch, parse(r).n_layer) for _, r in experiments.sweep_runs("ar-layers", "cpu", 1)}
     # 2 layers come from ar-main; a 1-layer Based would be the 1-layer BaseConv
-    assert layers == {(a, n) for a in mech.ARCHS for n in (1, 3)} - {("based", 1)}
-    nope = mech.sweep_runs("atr-attention-nope", "cpu", 1)  # a False flag is named and passed as --no-...
+    assert layers == {(a, n) for a in experiments.ARCHS for n in (1, 3)} - {("based", 1)}
+    nope = experiments.sweep_runs("atr-attention-nope", "cpu", 1)  # a False flag is named and passed as --no-...
     assert [name for name, _ in nope] == ["atr_easy_attention_nope_s42", "atr_medium_attention_nope_s42"]
     assert all(parse(r).pos_emb is False for _, r in nope)
 
@@ -66,27 +71,32 @@ def test_variants_name_the_departures_from_the_papers_main_runs():
             dict(base, arch="mamba", d_conv=4, pos_emb=False), dict(base, arch="mamba", d_conv=0, pos_emb=False),
             dict(base, arch="based", d_conv=3, pos_emb=True, long_conv=True)]
     names = ["attention", "attention NoPE", "mamba", "mamba d_conv 0", "based long conv PE"]
-    assert [r["arch"] + mech.conv_variant(r) + mech.pe_variant(r) for r in recs] == names
-    assert sorted(line.split(" | ")[1] for line in mech.summary_table(recs).splitlines()[2:]) == sorted(names)
+    assert [r["arch"] + experiments.conv_variant(r) + experiments.pe_variant(r) for r in recs] == names
+    assert sorted(line.split(" | ")[1] for line in experiments.summary_table(recs).splitlines()[2:]) == sorted(names)
 
 
 @pytest.mark.parametrize("args, needle", [
     (["--sweep", "foo"], "'foo'"), (["--sweep", "ar-main", "--scale", "huge"], "'huge'"),
     (["--sweep", "ar-main", "--seeds", "0", "--print-commands"], "--seeds"), (["--sweep", "ar-main", "--jobs", "0", "--print-commands"], "--jobs"),
     (["--sweep", "ar-main", "--lr", "-1", "--print-commands"], "-1"), (["--collect", "/nonexistent/dir"], "/nonexistent/dir"),
+    # mech.py's flags pass through to the runs, checked as mech.py checks them; each run has its own --out
+    (["--sweep", "ar-main", "--steps", "abc", "--print-commands"], "'abc'"),
+    (["--sweep", "ar-main", "--no-such-flag", "--print-commands"], "--no-such-flag"),
+    (["--sweep", "ar-main", "--out", "x", "--print-commands"], "--out"),
+    (["--collect", "/tmp", "--steps", "5"], "--steps"), ([], "--sweep"),
 ])
 def test_bad_sweep_values(capsys, args, needle):
     with pytest.raises(SystemExit) as e:
-        mech.main(args)
+        experiments.main(args)
     assert e.value.code == 2
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and needle in err, err
+    assert len(err.strip().splitlines()) == 1 and needle in err and err.startswith("experiments.py: error: "), err
 
 
 # ── running: printed commands, resumption, collection, figures ───────────────────────────────
 
 def test_printed_commands_run(tmp_path, capsys):
-    mech.main(["--sweep", "ar-dconv", "--seeds", "1", "--print-commands", "--sweep-dir", str(tmp_path), *TINY])
+    experiments.main(["--sweep", "ar-dconv", "--seeds", "1", "--print-commands", "--sweep-dir", str(tmp_path), *TINY])
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 5
     for line in lines[:2]:  # each line is a whole command: run it as a scheduler would
@@ -101,8 +111,8 @@ def test_printed_commands_run(tmp_path, capsys):
 
 
 def test_printing_into_a_reader_that_stops_early_is_not_an_error():
-    # `python mech.py --sweep ar-main --scale paper --print-commands | head -1`
-    p = subprocess.Popen([sys.executable, "mech.py", "--sweep", "ar-main", "--scale", "paper", "--print-commands"],
+    # `python figures/experiments.py --sweep ar-main --scale paper --print-commands | head -1`
+    p = subprocess.Popen([sys.executable, SCRIPT, "--sweep", "ar-main", "--scale", "paper", "--print-commands"],
                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     first = p.stdout.readline()
     p.stdout.close()
@@ -111,7 +121,7 @@ def test_printing_into_a_reader_that_stops_early_is_not_an_error():
 
 
 def test_interrupted_sweep_resumes_and_keeps_finished_runs(tmp_path):
-    args = [sys.executable, "mech.py", "--sweep", "ar-dconv", "--seeds", "1", "--sweep-dir", str(tmp_path),
+    args = [sys.executable, SCRIPT, "--sweep", "ar-dconv", "--seeds", "1", "--sweep-dir", str(tmp_path),
             "--figures-dir", str(tmp_path / "figures"), *TINY, "--no-interventions"]
     p = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     done = lambda: sorted(tmp_path.glob("*/metrics.json"))
@@ -131,17 +141,18 @@ def test_interrupted_sweep_resumes_and_keeps_finished_runs(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_sweep(tmp_path_factory):
-    """Real results of very short runs: the Mamba d_conv sweep and the attention runs of ar-main."""
+    """Real results of very short runs: the Mamba d_conv sweep, 2 seeds (its figures: the default,
+    in the sweep's directory)."""
     root = tmp_path_factory.mktemp("sweep")
     torch_threads = ["--jobs", "2"]
-    mech.main(["--sweep", "ar-dconv", "--seeds", "2", "--sweep-dir", str(root / "dconv"),
-               "--figures-dir", str(root / "fig0"), *torch_threads, *TINY])
+    experiments.main(["--sweep", "ar-dconv", "--seeds", "2", "--sweep-dir", str(root / "dconv"),
+                      *torch_threads, *TINY])
     return root
 
 
 def test_collect_and_figures(tiny_sweep, capsys):
     root = tiny_sweep
-    records = mech.main(["--collect", str(root), "--figures-dir", str(root / "figures")])
+    records = experiments.main(["--collect", str(root), "--figures-dir", str(root / "figures")])
     assert len(records) == 10
     assert {(r["d_conv"], r["seed"]) for r in records} == {(k, s) for k in range(5) for s in (42, 43)}
     for r in records:
@@ -167,12 +178,27 @@ def test_collect_and_figures(tiny_sweep, capsys):
         assert row[6].startswith(f"{sum(accs) / 2:.3f} ± ") and row[6].endswith(f"({accs[0]:.3f}-{accs[1]:.3f})")
 
 
+def test_sweeps_and_collections_draw_into_their_directory_unless_told_otherwise(tiny_sweep):
+    # the committed figures/*.png are redrawn only on purpose, with --figures-dir figures
+    def committed():
+        folder = os.path.join(ROOT, "figures")
+        return {name: os.stat(os.path.join(folder, name)).st_mtime_ns for name in os.listdir(folder)
+                if name != "__pycache__"}
+    before = committed()
+    root = tiny_sweep / "dconv"
+    assert {"ar_accuracy.png", "ar_mamba_dconv.png"} <= set(os.listdir(root / "figures"))  # the sweep's
+    shutil.rmtree(root / "figures")
+    assert len(experiments.main(["--collect", str(root)])) == 10
+    assert {"ar_accuracy.png", "ar_mamba_dconv.png"} <= set(os.listdir(root / "figures"))
+    assert committed() == before
+
+
 def test_depth_figures_and_the_per_layer_attribution(tmp_path):
     for n in (1, 3):
         mech.main(["--arch", "mamba", "--layers", str(n), "--out", str(tmp_path / f"l{n}"), "--quiet", *TINY])
-    records = mech.main(["--collect", str(tmp_path), "--figures-dir", str(tmp_path / "figures")])
+    records = experiments.main(["--collect", str(tmp_path), "--figures-dir", str(tmp_path / "figures")])
     assert sorted(len(r["query_by_layer"]) for r in records) == [1, 3]
-    for r in records:  # R11's number: Attrib@Query of each layer's mixer output, Key corrupted
+    for r in records:  # App. D.3's number: Attrib@Query of each layer's mixer output, Key corrupted
         with open(tmp_path / r["folder"] / "metrics.json") as f:
             rows = json.load(f)["interventions"]["rows"]
         assert r["query_by_layer"] == [next(x["attrib"] for x in rows if (x["corrupted"], x["site"], x["layer"], x["position"])
@@ -185,7 +211,7 @@ def test_depth_figures_and_the_per_layer_attribution(tmp_path):
 def test_best_over_lr_picks_the_best_run_per_seed():
     recs = [dict(arch="a", d_model=64, seed=s, lr=lr, accuracy=acc, dev_accuracy=None)
             for s, lr, acc in ((1, 1e-3, 0.5), (1, 3e-3, 0.9), (2, 1e-3, 0.7), (2, 3e-3, 0.2))]
-    best = mech.best_over_lr(recs, "arch")
+    best = experiments.best_over_lr(recs, "arch")
     assert [r["accuracy"] for r in best["a", 64]] == [0.9, 0.7]
     recs[1]["dev_accuracy"], recs[0]["dev_accuracy"] = 0.1, 0.8  # with a dev set, the dev accuracy chooses
-    assert mech.best_over_lr(recs, "arch")["a", 64][0]["accuracy"] == 0.5
+    assert experiments.best_over_lr(recs, "arch")["a", 64][0]["accuracy"] == 0.5
