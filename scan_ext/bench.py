@@ -8,7 +8,8 @@
 In one process it
 1. builds (or loads) the extension and says which;
 2. checks every scan formulation against mech.selective_scan_ref (forward and all gradients, the fp32
-   tolerances of ARCHITECTURES.md §3.7), on a few small problems;
+   tolerances of mamba-ssm's own tests, state-spaces/mamba tests/ops/test_selective_scan.py), on a
+   few small problems;
 3. times forward + backward of each pure-PyTorch formulation at one shape and keeps the fastest;
 4. times forward + backward of ext, ref and that fastest formulation at the paper's shapes (B = 32,
    L = 35, D = 2d for d in {64, 256}, N = 16; D, z, delta_bias and softplus on, u, delta, z given as
@@ -136,7 +137,8 @@ def scan_hillis_steele(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta
 
 class AdjointScan(torch.autograd.Function):
     """The recurrence as a loop with a hand-written backward: the adjoint state runs backwards in time,
-    g_t = dy_t C_t + a_{t+1} ⊙ g_{t+1} (ARCHITECTURES.md §3.2), and every gradient is then a
+    g_t = dy_t C_t + a_{t+1} ⊙ g_{t+1} (as in mamba-ssm's CUDA backward, state-spaces/mamba
+    csrc/selective_scan/selective_scan_bwd_kernel.cuh), and every gradient is then a
     full-size product or batched matmul of the stored states H and adjoints g.
 
     Work is kept in (b, l, d, n) layout, so that the step-t slice is contiguous, and the only
@@ -231,7 +233,7 @@ def fwd_bwd(fn, kw, leaves, G):
     return out, {k: torch.zeros_like(v) if gr is None else gr for (k, v), gr in zip(leaves.items(), grads)}
 
 
-TOL = {"out": (6e-4, 2e-3), "u": (1.2e-3, 4e-3), "delta": (3e-3, 2e-2), "A": (1e-3, 5e-3)}  # §3.7
+TOL = {"out": (6e-4, 2e-3), "u": (1.2e-3, 4e-3), "delta": (3e-3, 2e-2), "A": (1e-3, 5e-3)}  # test_selective_scan.py's fp32
 
 
 def check(name, fn):
