@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import mech  # noqa: E402
+import scan_ext  # noqa: E402
 
 
 # ── pure-PyTorch formulations ────────────────────────────────────────────────────────────────
@@ -305,7 +306,7 @@ def load_extension():
     """Load the extension, building it if it is not cached; returns it and a line saying which."""
     t = time.perf_counter()
     try:
-        ext = mech.scan_extension()
+        ext = scan_ext.load()
     except RuntimeError as e:
         sys.exit(f"bench.py: the scan extension is unavailable: {e}")
     took = time.perf_counter() - t

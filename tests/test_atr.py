@@ -50,7 +50,7 @@ def text(tree):
     return f"<bos> {words} <eos> t{tree.labels[tree.query]} t{tree.labels[tree.target]} <eos>"
 
 
-# ── the grammar is the official one (PAPER.md §3.2) ──────────────────────────────────────────────
+# ── the grammar is the official one (aryamanarora/tinylang, tinylang/language/pcfg.py) ─────────
 
 def test_grammar_statistics_match_official():
     easy = task_for("easy")
@@ -60,10 +60,10 @@ def test_grammar_statistics_match_official():
     symbols = [s for rhs in rules for s in rhs]
     assert round(np.mean([s >= easy.n_terminals for s in symbols]), 2) == 0.39
     assert sum(len(r) for r in task_for("medium").rules) == 124
-    assert sum(len(r) for r in task_for("8192").rules) == 130  # not in PAPER.md: a regression value
+    assert sum(len(r) for r in task_for("8192").rules) == 130  # not published: a regression value
     gen = task_for("easy", split=0.2)
     assert gen.held_out.shape == (20, 20) and gen.held_out.sum() == 90  # "90 of 400 with seed 42"
-    assert gen.rules != easy.rules  # the split draw comes first and shifts every later draw (Q11)
+    assert gen.rules != easy.rules  # the split draw comes first and shifts every later draw
 
 
 @pytest.mark.parametrize("setting", SETTINGS)
@@ -93,7 +93,7 @@ def test_same_seed_same_grammar():
 
 
 def test_official_worked_examples():
-    """PAPER.md §3.5: driven by the official legacy RNG stream, grammar + derivation + query choice give
+    """Driven by the official legacy RNG stream (seed 42), grammar + derivation + query choice give
     the official generator's first training documents, token for token."""
     easy = official_trees(task_for("easy"), 2)
     assert text(easy[0]) == "<bos> t6 t14 t6 t6 t13 <eos> t6 t13 <eos>"
@@ -116,7 +116,7 @@ def test_official_worked_examples():
 
 
 def test_official_split_example():
-    """PAPER.md §3.7's test item <bos> t14 t10 t8 t11 t5 <eos> t11 t5 <eos>: its sentence is the official
+    """The official split's test item <bos> t14 t10 t8 t11 t5 <eos> t11 t5 <eos>: its sentence is the official
     split language's third training sentence, and (parent t5, query t11) is its only held-out pair."""
     gen = task_for("easy", split=0.2)
     tree = official_trees(gen, 3)[2]
@@ -203,7 +203,7 @@ def test_max_length():
     assert all(3 <= len(t.labels) <= 12 for t in task.trees(100, rng))  # ... and are redrawn
 
 
-# ── statistics (PAPER.md §3.6) ───────────────────────────────────────────────────────────────────
+# ── statistics of the official generator ─────────────────────────────────────────────────────────
 
 def stats(trees):
     key = np.array([t.query for t in trees])
@@ -228,7 +228,7 @@ def test_statistics_medium():
     assert abs(s["copy_next"] - 0.43) < 0.05
 
 
-# ── the held-out split (PAPER.md §3.7) ───────────────────────────────────────────────────────────
+# ── the held-out split (languages/pcfg_train_test_split/pcfg.yaml) ──────────────────────────────
 
 def test_split():
     task = task_for("easy", split=0.2)

@@ -107,7 +107,7 @@ def test_config_rejects_bad_values_directly():
 # ── learning-rate schedule ───────────────────────────────────────────────────────────────────
 
 def schedule(total, **kw):
-    cfg = mech.Config(steps=total, lr=1e-3, **kw)
+    cfg = mech.Config(steps=total, lr=1e-3, **{"schedule": "cosine", **kw})
     return cfg, [mech.lr_at(s, cfg) for s in range(total + 1)]
 
 
@@ -135,6 +135,28 @@ def test_linear_schedule():
     steps = [a - b for a, b in zip(decay, decay[1:])]
     assert all(s == pytest.approx(1e-3 / 180) for s in steps)  # a straight line to 0
     assert lrs[199] == pytest.approx(1e-3 / 180) and lrs[200] == 0
+
+
+@pytest.mark.parametrize("task", ["ar", "atr"])
+@pytest.mark.parametrize("arch", list(mech.MIXERS))
+def test_config_is_what_the_command_line_trains(arch, task):
+    """mech.Config(arch=A, task=T) is exactly the run of `python mech.py --arch A --task T`: the CPU
+    preset and its per-architecture recipes are Config's defaults."""
+    cfg = mech.Config(arch=arch, task=task)
+    assert mech.config_from_args(mech.build_parser().parse_args(["--arch", arch, "--task", task])) == cfg
+    recipe = {("ar", "attention"): (30_000, 1e-3, False), ("ar", "mamba"): (20_000, 3e-3, True)}
+    assert (cfg.steps, cfg.lr, cfg.fresh_data) == recipe.get((task, arch), (15_000, 1e-3, False))
+    assert (cfg.preset, cfg.schedule, cfg.d_model, cfg.bucket) == ("cpu", "wsd", 64, 16 if task == "atr" else 0)
+    paper = mech.Config(arch=arch, task=task, preset="paper")
+    assert paper.total_steps == (50_016 if task == "ar" else 100_032)
+    assert (paper.schedule, paper.lr, paper.fresh_data, paper.bucket) == ("cosine", 1e-3, False, 0)
+
+
+def test_an_explicit_length_wins_over_the_presets():
+    assert mech.Config(arch="attention", epochs=1, n_train=64).total_steps == 2
+    assert mech.Config(arch="attention", preset="paper", steps=7).total_steps == 7
+    with pytest.raises(ValueError, match="'laptop'"):
+        mech.Config(preset="laptop")
 
 
 def test_schedule_length_from_epochs():

@@ -153,7 +153,7 @@ def test_hybrids_alternate_by_layer():
     assert isinstance(long.conv, mech.ImplicitLongConv)
 
 
-# ── parameter counts (ARCHITECTURES.md §1.5) ────────────────────────────────────────────────
+# ── parameter counts of the official models ──────────────────────────────────────────────────
 
 @pytest.mark.parametrize("arch, kw, vocab, expected", [
     ("mamba", dict(d_model=256, n_layer=2, pos_emb=False), 8196, 2_974_720),
@@ -354,7 +354,7 @@ def test_selective_scan_keeps_input_dtype_and_rejects_unknown_backend():
 
 
 def test_mamba_mixer_uses_the_scan_as_specified():
-    # the Mamba forward of ARCHITECTURES.md §2.6, written out with the naive scan
+    # the forward of mamba_ssm/modules/mamba_simple.py (Mamba.forward), written out with the naive scan
     torch.manual_seed(1)
     m = mech.Mamba(16, d_conv=3).double()
     x_in = torch.randn(2, 6, 16, dtype=torch.float64)
@@ -520,7 +520,7 @@ def test_h3_diag_kernel_is_bilinear_s4d(L):
 
 
 def test_h3_forward_matches_explicit_heads():
-    # the per-head outer product and readout of ARCHITECTURES.md §2.4, written with loops over heads
+    # the per-head outer product and readout of zoology's h3.py, written with loops over heads
     m = random_h3(d=6, N=8)
     u = torch.randn(2, 7, 6, dtype=torch.float64)
     p, H, L = m.p, m.H, 7

@@ -1,7 +1,7 @@
 """The selective-scan backends: the compiled extension of scan_ext/ ("ext") against the PyTorch loop
 ("ref", mech.selective_scan_ref), which is itself checked against a per-step loop in test_models.py.
 
-Tolerances follow upstream mamba-ssm's tests/ops/test_selective_scan.py (ARCHITECTURES.md §3.7):
+Tolerances follow upstream mamba-ssm's tests/ops/test_selective_scan.py (state-spaces/mamba):
 fp32 (rtol 6e-4, atol 2e-3) for the output and every gradient, looser for delta (rtol x5, atol x10)
 and A (1e-3, 5e-3); float64 agrees to round-off. Tests that need the extension skip, with the
 reason, where it cannot be built (no compiler); CUDA tests skip where torch sees no GPU.
@@ -13,13 +13,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import mech
+import scan_ext
 
 ARGS = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
 
 
 def scan_extension_or_skip():
     try:
-        return mech.scan_extension()
+        return scan_ext.load()
     except RuntimeError as e:  # no compiler here: the reference loop is what runs
         pytest.skip(f"the scan extension cannot be built: {e}")
 
@@ -390,7 +391,7 @@ def small_args():
 
 
 def test_backend_ext_fails_clearly_without_the_extension(monkeypatch):
-    monkeypatch.setattr(mech, "_scan_ext", RuntimeError("no compiler"))
+    monkeypatch.setattr(scan_ext, "_module", RuntimeError("no compiler"))
     with pytest.raises(RuntimeError, match="scan backend 'ext' is unavailable: no compiler"):
         mech.selective_scan(**small_args(), backend="ext")
     with pytest.raises(RuntimeError, match="unavailable"):
@@ -398,8 +399,8 @@ def test_backend_ext_fails_clearly_without_the_extension(monkeypatch):
 
 
 def test_backend_auto_falls_back_to_the_loop_and_warns_once(monkeypatch, capsys):
-    monkeypatch.setattr(mech, "_scan_ext", RuntimeError("no compiler"))
-    monkeypatch.setattr(mech, "_warned", set())
+    monkeypatch.setattr(scan_ext, "_module", RuntimeError("no compiler"))
+    monkeypatch.setattr(scan_ext, "_warned", False)
     args = small_args()
     want = mech.selective_scan(**args, delta_softplus=True, backend="ref")
     capsys.readouterr()
@@ -414,8 +415,8 @@ def test_backend_auto_falls_back_to_the_loop_and_warns_once(monkeypatch, capsys)
 def test_backend_auto_uses_the_extension_when_it_builds(monkeypatch):
     scan_extension_or_skip()
     called = []
-    real = mech.SelectiveScanFn.apply
-    monkeypatch.setattr(mech.SelectiveScanFn, "apply", lambda *a: called.append(1) or real(*a))
+    real = scan_ext.SelectiveScanFn.apply
+    monkeypatch.setattr(scan_ext.SelectiveScanFn, "apply", lambda *a: called.append(1) or real(*a))
     mech.selective_scan(**small_args(), backend="auto")
     assert called
 
