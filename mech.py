@@ -1,13 +1,11 @@
-"""
-mech.py: a single-file reproduction of "Mechanistic evaluation of Transformers and state space
+"""mech.py: a single-file reproduction of "Mechanistic evaluation of Transformers and state space
 models" (Arora, Rathi, Selvam, Csordás, Jurafsky, Potts; arXiv 2505.15105).
 
 The paper trains tiny 2-layer language models of seven architectures (Attention, BaseConv, Based,
-H3, Hyena, Mamba, DeltaNet) on Associative Recall (AR): a document lists 16 key-value pairs, then
-repeats one key, and the model must output its value; and on Associative Treecall (ATR): recall a
-word's parent in a sentence of a random tree grammar. It then asks *how* each model solved the task
-with interchange interventions. This file holds all of it, to be read top to bottom, following one
-AR document from its tokens to the verdict on the mechanism:
+H3, Hyena, Mamba, DeltaNet) on Associative Recall (AR: output the value of a repeated key among 16
+key-value pairs) and Associative Treecall (ATR: recall a word's parent in a sentence of a random
+tree grammar), then asks *how* each model solved the task with interchange interventions. This file
+holds all of it, read top to bottom along one AR document, from its tokens to the verdict:
 
     1. the first task: Associative Recall       5. training (AdamW, warmup + schedule, evaluation)
     2. building blocks (MLP, causal convs)      6. interventions (the mechanistic evaluation)
@@ -18,17 +16,13 @@ Every sequence mixer maps (B, L, d) -> (B, L, d) and sits in a residual block,
     Block(x) = x + mixer(norm(x)), then x + MLP(norm(x))     (Mamba blocks have no MLP),
 so that "the residual stream entering layer l" is a plain tensor that can be read and patched.
 
-What is guaranteed: the tasks, architectures and training protocol follow the official code
-(aryamanarora/tinylang, its zoology fork, mamba-ssm 2.2.4, FLA's DeltaNet) in their maths; where
-the official code has a quirk, the paper's intent is the default and the quirk is a flag (see
-Config). What is not: bit-identical data or initial weights (other RNG call orders), and the speed
-of fused CUDA kernels (the compiled scan in scan_ext/ covers Mamba's hot loop). The experiment
-harness (the paper's sweeps, their figures and the reproduction report) lives in figures/.
-
-Reading list: the paper (arXiv 2505.15105; its v3 added DeltaNet and the conv-internal patching);
-Zoology (arXiv 2312.04927) for AR, BaseConv and Based; H3 (arXiv 2212.14052); Hyena (arXiv
-2302.10866); Mamba (arXiv 2312.00752) and mamba-minimal; DeltaNet (arXiv 2406.06484); nanoGPT for
-the shape of this file.
+Guaranteed: the tasks, architectures and training protocol follow the official code's maths
+(aryamanarora/tinylang, its zoology fork, mamba-ssm 2.2.4, FLA's DeltaNet); an official quirk is a
+flag defaulting to the paper's intent (see Config). Not: bit-identical data or initial weights
+(other RNG call orders), nor the speed of fused CUDA kernels (scan_ext/ compiles Mamba's hot loop).
+The paper's sweeps, figures and report: figures/. Reading list: the paper (its v3 added DeltaNet and
+the conv-internal patching); Zoology (arXiv 2312.04927: AR, BaseConv, Based); H3 (2212.14052); Hyena
+(2302.10866); Mamba (2312.00752), mamba-minimal; DeltaNet (2406.06484); nanoGPT (this file's shape).
 
 Glossary (code name: paper notation, meaning)
     d_model, d         "Model dimension": the width of the residual stream
@@ -53,7 +47,6 @@ Glossary (code name: paper notation, meaning)
 
 Run it:
     python mech.py --arch mamba --task ar --dconv 4         # CPU preset: ~7 min on 2 cores
-    python mech.py --arch attention --d-model 128 --lr 3e-3
     python mech.py --arch based --task atr --atr easy       # Associative Treecall
     python mech.py --preset paper --arch based --lr 1e-3    # the paper's exact protocol
     python mech.py --load runs/<run> --interventions        # analyse a saved run again
@@ -61,10 +54,8 @@ Run it:
 """
 
 import argparse
-import bisect
 import contextlib
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -72,7 +63,8 @@ import pathlib
 import sys
 import time
 import zlib
-from dataclasses import dataclass, field
+from bisect import bisect_right
+from hashlib import sha1
 from typing import Optional
 
 import numpy as np
@@ -82,14 +74,14 @@ import torch.nn.functional as F
 
 import scan_ext
 
+PAD, BOS, EOS = 0, 1, 2  # the special tokens of both tasks
+L_MAX = 1024  # n_positions: the largest sequence; also the time grid of the implicit filters and H3
+SCAN_BACKENDS = ("auto", "ext", "ref")  # Mamba's selective scan: see selective_scan
 
-# ------------------------------------------------------------------------------------------------
-# 1. The first task: Associative Recall (AR)
-# ------------------------------------------------------------------------------------------------
+
+# 1. The first task: Associative Recall (AR) -----------------------------------------------------
 # A task makes documents (token ids with named positions: Key, Value, Query, ...) from a numpy RNG;
-# the models, training and interventions below see only that interface, so the second task (ATR,
-# section 7) plugs into the same code.
-
+# the rest of the file sees only that interface, so the second task (ATR, section 7) plugs in.
 def rng_for(seed: int, stream: str) -> np.random.Generator:
     """An independent, reproducible numpy RNG per (seed, purpose): train data, test data, ..."""
     return np.random.default_rng([seed, zlib.crc32(stream.encode())])
@@ -108,11 +100,21 @@ def distinct_ints(rng: np.random.Generator, n: int, k: int, high: int) -> np.nda
         x[bad] = rng.integers(0, high, (int(bad.sum()), k))
 
 
-@dataclass
+def other_than(tokens: torch.Tensor, first: int, n: int, rng: np.random.Generator) -> torch.Tensor:
+    """For each of the tokens (ids in first .. first+n-1), another id of that range, uniformly."""
+    r = torch.from_numpy(rng.integers(0, n - 1, len(tokens))).to(tokens.device)
+    return first + r + (r >= tokens - first)  # skip the original: uniform over the n - 1 others
+
+
+@dataclasses.dataclass
 class Examples:
     """A set of documents with their named positions (one position per document and name)."""
     ids: torch.Tensor  # (n, L) token ids, right-padded with PAD when lengths differ
     pos: dict          # name -> (n,) LongTensor: key, value, divider, query, answer
+
+    @classmethod
+    def from_numpy(cls, ids: np.ndarray, **pos: np.ndarray) -> "Examples":
+        return cls(torch.from_numpy(ids), {k: torch.from_numpy(v).long() for k, v in pos.items()})
 
     def __len__(self):
         return len(self.ids)
@@ -124,8 +126,7 @@ class Examples:
         return Examples(self.ids.to(device), {name: p.to(device) for name, p in self.pos.items()})
 
     def trim(self):
-        """The same documents without the right padding that none of them needs (ATR's lengths
-        vary). All models are causal, so padding changes no prediction; trimming only saves time."""
+        """Drop padding no document needs (ATR's lengths vary): causal models predict the same."""
         return Examples(self.ids[:, :int(self.pos["answer"].max()) + 2], self.pos)
 
     @property
@@ -133,44 +134,30 @@ class Examples:
         return self.ids[torch.arange(len(self.ids), device=self.ids.device), self.pos["answer"]]
 
 
-PAD, BOS, EOS = 0, 1, 2
-
-
 class AR:
     """Associative Recall, as the paper's AR-32.
-
         pos:  0     1   2   3   4  ...  31   32   33    34   35   36
         tok:  <bos> k1  v1  k2  v2 ...  k16  v16  <eos> kq   vq   <eos>
-
-    16 keys and 16 values are drawn without replacement from disjoint halves of the num_kv = 8192
-    key/value tokens and paired in order; there is no global key -> value map, so the association
-    exists only in context. One pair i is queried: the model sees k_i after the divider and must
-    output v_i. Loss and accuracy are read at the Query position only, over the full vocabulary.
-    Vocabulary: PAD 0, BOS 1, EOS 2, keys 3 .. 3+num_kv/2-1, then values, then one unused id, so
-    that V = num_kv + 4 = 8196 as in the official code (whose parameter counts we check).
-
-    Official implementation: aryamanarora/tinylang, tinylang/language/ar.py (class AR),
-    config languages/ar_vary_kv/ar_32.yaml.
-    Differences: numpy's PCG64 instead of the official torch/numpy/random calls, so the documents
-    are from the same distribution but not the same ones.
-    """
-
+    16 keys and 16 values, drawn without replacement from disjoint halves of the num_kv = 8192
+    key/value tokens, are paired in order: no global key -> value map, the association exists only
+    in context; the model sees k_i after the divider and must output v_i. Vocabulary: PAD 0, BOS 1,
+    EOS 2, keys, values, one unused id: V = num_kv + 4 = 8196, as officially (parameter counts too).
+    Official implementation: aryamanarora/tinylang, tinylang/language/ar.py (class AR), config
+    languages/ar_vary_kv/ar_32.yaml.
+    Differences: numpy's PCG64, not the official torch/numpy/random calls: the same distribution."""
     def __init__(self, num_kv: int = 8192, n_pairs: int = 16):
-        self.n_keys = num_kv // 2  # keys and values each get half of num_kv
-        self.n_pairs = n_pairs
+        self.n_keys, self.n_pairs = num_kv // 2, n_pairs  # keys and values each get half of num_kv
         self.first_key, self.first_value = 3, 3 + self.n_keys
-        self.vocab_size = num_kv + 4
-        self.length = 2 * n_pairs + 5
+        self.vocab_size, self.length = num_kv + 4, 2 * n_pairs + 5
 
     def sample(self, n: int, rng: np.random.Generator, split: str = "train") -> Examples:
-        """n documents. AR has no held-out split: train and test documents differ only by their
-        rng."""
-        P = self.n_pairs
+        """n documents. AR has no held-out split: train and test documents differ by their rng."""
+        P, L = self.n_pairs, self.length
         keys = self.first_key + distinct_ints(rng, n, P, self.n_keys)        # (n, P)
         values = self.first_value + distinct_ints(rng, n, P, self.n_keys)    # (n, P)
         i = rng.integers(0, P, n)                                            # queried pair
         rows = np.arange(n)
-        ids = np.empty((n, self.length), dtype=np.int64)
+        ids = np.empty((n, L), dtype=np.int64)
         ids[:, 0] = BOS
         ids[:, 1:2 * P + 1:2] = keys
         ids[:, 2:2 * P + 2:2] = values
@@ -178,20 +165,14 @@ class AR:
         ids[:, 2 * P + 2] = keys[rows, i]         # Query
         ids[:, 2 * P + 3] = values[rows, i]       # answer
         ids[:, 2 * P + 4] = EOS
-        L = self.length
-        pos = dict(key=2 * i + 1, value=2 * i + 2, divider=np.full(n, L - 4),
-                   query=np.full(n, L - 3), answer=np.full(n, L - 2))
-        return Examples(torch.from_numpy(ids),
-                        {k: torch.from_numpy(v).long() for k, v in pos.items()})
+        return Examples.from_numpy(ids, key=2 * i + 1, value=2 * i + 2, divider=np.full(n, L - 4),
+                                   query=np.full(n, L - 3), answer=np.full(n, L - 2))
 
     def other_token(self, kind: str, tokens: torch.Tensor,
                     rng: np.random.Generator) -> torch.Tensor:
-        """For each token, a uniformly drawn *different* token of the same kind ("key" or "value"):
-        the counterfactual inputs of the interventions."""
+        """Per token, a uniform *different* token of its kind ("key" or "value"): counterfactual."""
         first = {"key": self.first_key, "value": self.first_value}[kind]
-        r = torch.from_numpy(rng.integers(0, self.n_keys - 1, len(tokens))).to(tokens.device)
-        # skip the original: uniform over the n_keys - 1 others
-        return first + r + (r >= tokens - first)
+        return other_than(tokens, first, self.n_keys, rng)
 
 
 TASKS = {"ar": lambda cfg: AR(cfg.num_kv, cfg.n_pairs)}  # name -> Config -> task; ATR: section 7
@@ -201,20 +182,12 @@ def make_task(cfg: "Config"):
     return TASKS[cfg.task](cfg)
 
 
-# ------------------------------------------------------------------------------------------------
-# 2. Building blocks: the MLP, causal convolutions (short and long), the implicit filters' grid
-# ------------------------------------------------------------------------------------------------
-
-L_MAX = 1024  # n_positions: the largest sequence; also the time grid of the implicit filters and H3
-
-
+# 2. Building blocks: the MLP, causal convolutions (short and long), the implicit filters' grid --
 class MLP(nn.Module):
     """fc2(GELU(fc1(x))) with a 4x hidden layer. Official: zoology/mixers/mlp.py."""
-
     def __init__(self, d: int):
         super().__init__()
-        self.fc1 = nn.Linear(d, 4 * d)
-        self.fc2 = nn.Linear(4 * d, d)
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
 
     def forward(self, x):
         return self.fc2(F.gelu(self.fc1(x)))
@@ -222,12 +195,9 @@ class MLP(nn.Module):
 
 class CausalConv1d(nn.Conv1d):
     """The short convolution shared by BaseConv, Hyena, Mamba and DeltaNet: depthwise and causal,
-        y[t, c] = bias[c] + Σ_{i<k} w[c, i] · x[t - (k-1) + i, c]      (x before position 0 is 0),
-    i.e. nn.Conv1d(C, C, k, groups=C, padding=k-1) truncated to the first L outputs (whose weights
-    and init it keeps). The forward is the formula itself, k shifted multiply-adds on (B, L, C): a
-    Mamba or Hyena run trains ~1.15x faster on a CPU here than with nn.Conv1d on transposed copies.
-    """
-
+        y[t, c] = bias[c] + Σ_{i<k} w[c, i] · x[t - (k-1) + i, c]      (x before position 0 is 0):
+    nn.Conv1d(C, C, k, groups=C, padding=k-1)'s first L outputs (same weights, init) as k shifted
+    multiply-adds on (B, L, C); Mamba, Hyena train ~1.15x faster on a CPU than with transposes."""
     def __init__(self, channels: int, width: int, bias: bool = True):
         super().__init__(channels, channels, width, groups=channels, padding=width - 1, bias=bias)
 
@@ -246,10 +216,8 @@ def short_conv(channels: int, width: int, bias: bool) -> nn.Module:
 def causal_long_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """Exact causal (linear, not circular) convolution with a filter as long as the sequence:
         y[b, t, c] = Σ_{s<=t} k[c, t-s] · u[b, s, c]
-    u: (B, L, C), k: (C, L) -> (B, L, C), as one matmul with the Toeplitz matrix T[c, t, s] =
-    k[c, t-s]. The official code multiplies FFTs of size 2L (the same maths); for the short
-    sequences here the matmul is faster on a CPU (H3 trains 1.6x faster) and exactly causal.
-    """
+    u: (B, L, C), k: (C, L) -> (B, L, C), one matmul with the Toeplitz T[c, t, s] = k[c, t-s]: the
+    official FFTs' maths, but exactly causal and faster on a CPU here (H3 trains 1.6x faster)."""
     L = u.shape[1]
     lag = torch.arange(L, device=u.device)[:, None] - torch.arange(L, device=u.device)   # t - s
     T = k[:, lag.clamp(min=0)] * (lag >= 0)                         # (C, L, L)
@@ -257,37 +225,26 @@ def causal_long_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 
 
 def filter_time_grid():
-    """The input of the implicit filters (Hyena, BaseConv long conv) at positions j = 0 .. L_MAX-1:
-    z_j = [t_j, cos(2π f j / L_MAX), -sin(2π f j / L_MAX)] with t_j = j / (L_MAX-1) and a single
-    band f = 1e-4, so that z is, in effect, normalised time. Returns z (L_MAX, 3) and t (L_MAX,)."""
+    """The implicit filters' input z (L_MAX, 3), one band f = 1e-4 (in effect, normalised time):
+    z_j = [t_j, cos(2π f j / L_MAX), -sin(2π f j / L_MAX)], t_j = j / (L_MAX-1), returned as t."""
     t = torch.linspace(0, 1, L_MAX)
     w = 2 * math.pi * torch.arange(L_MAX) / L_MAX * 1e-4
     return torch.stack([t, torch.cos(w), -torch.sin(w)], dim=-1), t
 
 
-# ------------------------------------------------------------------------------------------------
-# 3. The seven sequence mixers. Each maps (B, L, d) -> (B, L, d).
-# ------------------------------------------------------------------------------------------------
-# Each says which official implementation it follows and where it differs.
-
+# 3. The seven sequence mixers, each (B, L, d) -> (B, L, d) --------------------------------------
 class Attention(nn.Module):
-    """Causal softmax attention:  y = out_proj(softmax(q kᵀ / √d_head + M) v)  per head.
-
-    Wqkv has no bias (the official config passes bias=False); out_proj has one. 1 head in the paper.
-    Position information comes only from the learned position embedding (no RoPE).
+    """Causal softmax attention: y = out_proj(softmax(q kᵀ / √d_head + M) v) per head (1 in the
+    paper). Wqkv has no bias (officially bias=False); positions only from the position embedding.
     Official implementation: aryamanarora/zoology, zoology/mixers/attention.py (class MHA).
-    Differences: the causal mask is -inf where the official code adds -10000 (equal in fp32).
-    """
-
+    Differences: the causal mask is -inf where the official code adds -10000 (equal in fp32)."""
     def __init__(self, d: int, n_head: int = 1):
         super().__init__()
         self.n_head = n_head
-        self.Wqkv = nn.Linear(d, 3 * d, bias=False)
-        self.out_proj = nn.Linear(d, d)
+        self.Wqkv, self.out_proj = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d)
 
     def forward(self, x):
-        B, L, d = x.shape
-        h = self.n_head
+        (B, L, d), h = x.shape, self.n_head
         q, k, v = self.Wqkv(x).view(B, L, 3, h, d // h).permute(2, 0, 3, 1, 4)  # 3 x (B, h, L, d/h)
         scores = q @ k.transpose(-2, -1) / math.sqrt(d // h)                       # (B, h, L, L)
         future = torch.ones(L, L, dtype=torch.bool, device=x.device).triu(1)
@@ -299,7 +256,6 @@ class Attention(nn.Module):
 class ImplicitLongConv(nn.Module):
     """conv(u) = K * u + u, a length-L filter K[:, j] = MLP(z_j): Linear(3,16), ReLU, Linear(16,d).
     Official implementation: zoology/mixers/convolution.py (ImplicitLongConvolution)."""
-
     def __init__(self, d: int):
         super().__init__()
         self.register_buffer("z", filter_time_grid()[0], persistent=False)  # fixed input grid
@@ -311,11 +267,9 @@ class ImplicitLongConv(nn.Module):
 
 
 class BaseConv(nn.Module):
-    """BaseConv: a convolution gated by a linear map, with its own skip,
-        y = conv(u) ⊙ (W u + b) + u,
-    where conv is a short causal conv (width k) or, for width None, an implicit long conv.
+    """BaseConv, a gated convolution with its own skip: y = conv(u) ⊙ (W u + b) + u, where conv
+    is a short causal conv (width k) or, for width None, an implicit long conv.
     Official implementation: aryamanarora/zoology, zoology/mixers/base_conv.py (BaseConv)."""
-
     def __init__(self, d: int, width: Optional[int]):
         super().__init__()
         self.projection = nn.Linear(d, d)
@@ -327,23 +281,16 @@ class BaseConv(nn.Module):
 
 class TaylorLinearAttention(nn.Module):
     """Based's linear attention: softmax attention with exp replaced by its 2nd-order Taylor series.
-
-    With f = feature_dim = 8 and φ(x) = [1, x / f^(1/4), vec(x xᵀ) / (√2 √f)] (1 + f + f²
-    dims), φ(q)·φ(k) = 1 + s + s²/2 where s = q·k / √f, and causal normalised linear
-    attention is
-        y_n = Σ_{m<=n} (φ(q_n)·φ(k_m)) v_m  /  (Σ_{m<=n} φ(q_n)·φ(k_m) + ε).
-    A recurrent model would keep the running sums S = Σ φ(k) vᵀ and z = Σ φ(k) (a fixed-size
-    state); for training we use the identical "quadratic" view and form 1 + s + s²/2 directly.
-    Official implementation: aryamanarora/zoology, zoology/mixers/based.py (Based, TaylorExp).
-    """
-
+    With φ(x) = [1, x / f^(1/4), vec(x xᵀ) / (√2 √f)] (1 + f + f² dims, f = feature_dim = 8)
+    and s = q·k / √f, φ(q)·φ(k) = 1 + s + s²/2, and causal normalised linear attention is
+        y_n = Σ_{m<=n} (φ(q_n)·φ(k_m)) v_m  /  (Σ_{m<=n} φ(q_n)·φ(k_m) + ε):
+    a fixed-size recurrent state (S = Σ φ(k) vᵀ, z = Σ φ(k)), trained in its "quadratic" form.
+    Official implementation: aryamanarora/zoology, zoology/mixers/based.py (Based, TaylorExp)."""
     def __init__(self, d: int, feature_dim: int = 8, eps: float = 1e-12):
         super().__init__()
         self.feature_dim, self.eps = feature_dim, eps
-        self.proj_q = nn.Linear(d, feature_dim, bias=False)
-        self.proj_k = nn.Linear(d, feature_dim, bias=False)
-        self.proj_v = nn.Linear(d, d, bias=False)
-        self.proj_o = nn.Linear(d, d, bias=False)
+        self.proj_q, self.proj_k = (nn.Linear(d, feature_dim, bias=False) for _ in range(2))
+        self.proj_v, self.proj_o = (nn.Linear(d, d, bias=False) for _ in range(2))
 
     def forward(self, x):
         L = x.shape[1]
@@ -355,23 +302,16 @@ class TaylorLinearAttention(nn.Module):
 
 
 class H3(nn.Module):
-    """H3 ("Hungry Hungry Hippos") with d_state N = 1024 and head_dim p = 2 (H = d/p heads).
-
+    """H3 ("Hungry Hungry Hippos") with d_state N = 1024 and head_dim p = 2 (H = d/p heads):
         k' = K_shift * k + D_k ⊙ k                   shift SSM: a learned causal FIR filter on k
         kv[i, j, h] = k'[h p + i] · v[h p + j]       per-head outer product
         Y = K_diag,h * kv + D_h kv                   diagonal SSM (S4D), one kernel per head
         out[j, h] = Σ_i q[h p + i] · Y[i, j, h]      read-out; channel j H + h, then output_linear
-
-    The shift kernel is a cross-correlation of two learned vectors,
-        K_shift[c, l] = Σ_j B_cj C_c,j+l       (B starts as e_1: K_shift = C at init).
-    The S4D kernel has N/2 complex modes per head, bilinear discretisation:
+    K_shift cross-correlates two learned vectors (B = e_1 at init); S4D, bilinear discretisation:
         dA = (1 + ΔA/2)/(1 - ΔA/2),   C' = B C Δ/(1 - ΔA/2),   K[l] = 2 Re Σ_n C'_n dA_n^l.
     Official implementation: aryamanarora/zoology, zoology/mixers/h3/ (h3.py, ss_kernel_shift.py,
-    ss_kernel_diag.py; "diag-lin" init: A = -1/2 + iπn, B = 1, C ~ CN(0, 1), Δ ~ logU[1e-3,
-    1e-1]).
-    Differences: both long convolutions are Toeplitz matmuls instead of FFTs (the same maths).
-    """
-
+    ss_kernel_diag.py; "diag-lin" init: A = -1/2 + iπn, B = 1, C ~ CN(0, 1), Δ ~ logU[1e-3, 0.1]).
+    Differences: both long convolutions are Toeplitz matmuls instead of FFTs (the same maths)."""
     def __init__(self, d: int, d_state: int = L_MAX, head_dim: int = 2):
         super().__init__()
         self.p, self.H, N = head_dim, d // head_dim, d_state
@@ -425,9 +365,8 @@ class H3(nn.Module):
         p, H = self.p, self.H
         q, k, v = self.q_proj(u), self.k_proj(u), self.v_proj(u)              # (B, L, d) each
         k = causal_long_conv(k, self.shift_kernel(L)) + self.shift_D * k
-        # heads last and contiguous: with p = 2 innermost, every elementwise op below would crawl
-        q, k, v = (x.view(B, L, H, p).transpose(2, 3).contiguous()
-                   for x in (q, k, v))                                        # (B, L, p, H)
+        # (B, L, p, H), heads last and contiguous: with p = 2 innermost, elementwise ops would crawl
+        q, k, v = (x.view(B, L, H, p).transpose(2, 3).contiguous() for x in (q, k, v))
         kv = k[:, :, :, None] * v[:, :, None]                                 # (B, L, p_i, p_j, H)
         # one S4D kernel per head, shared by its p x p products: fold (i, j) into the batch
         kv_h = kv.permute(0, 2, 3, 1, 4).reshape(B * p * p, L, H)             # (B p p, L, H)
@@ -440,16 +379,12 @@ class H3(nn.Module):
 class HyenaFilter(nn.Module):
     """Hyena's implicit long filter h (d, L): an MLP of the time grid z with sine activations,
         h[:, j] = Linear(64, d)(Sin(Linear(64, 64)(Sin(Linear(64, 64)(Sin(Linear(3, 64)(z_j)))))))
-    with Sin(x) = sin(ω x) (one ω ∈ R^64 shared by the three, init 1), then exponentially
-    decayed:
-    h[c, j] *= exp(-t_j |δ_c|), δ = linspace(ln(0.01)/1.5, ln(0.01)/0.3, d).
-    The grid z is trainable, as in the official runs (its tiny-LR hint was ignored there).
-    """
-
+    with Sin(x) = sin(ω x) (one ω ∈ R^64 for all three, init 1), then exponentially decayed,
+        h[c, j] *= exp(-t_j |δ_c|),   δ = linspace(ln(0.01)/1.5, ln(0.01)/0.3, d)."""
     def __init__(self, d: int, order: int = 64):
         super().__init__()
         z, t = filter_time_grid()
-        self.z = nn.Parameter(z)
+        self.z = nn.Parameter(z)  # trainable, as officially (its tiny-LR hint was ignored there)
         self.register_buffer("t", t, persistent=False)
         deltas = torch.linspace(math.log(1e-2) / 1.5, math.log(1e-2) / 0.3, d)
         self.register_buffer("deltas", deltas, persistent=False)
@@ -471,17 +406,12 @@ class Hyena(nn.Module):
         v = x2 ⊙ (h * (x1 ⊙ v) + D ⊙ (x1 ⊙ v))               implicit long filter h, skip D
         y = out_proj(v)
     Official implementation: aryamanarora/zoology, zoology/mixers/hyena.py (Hyena, Filter).
-    Quirk: the official runs pass bias=False into the Filter, which multiplies D by 0; d_skip=False
-    (--no-hyena-d-skip) reproduces that, the default keeps the skip.
-    """
-
+    Quirk: the official bias=False, passed to the Filter, zeroes D; --no-hyena-d-skip does too."""
     def __init__(self, d: int, d_skip: bool = True, filter_order: int = 64):
         super().__init__()
-        self.in_proj = nn.Linear(d, 3 * d)
-        self.short_filter = CausalConv1d(3 * d, 3)
+        self.in_proj, self.short_filter = nn.Linear(d, 3 * d), CausalConv1d(3 * d, 3)
         self.filter = HyenaFilter(d, filter_order)
-        self.D = nn.Parameter(torch.randn(d))
-        self.d_skip = d_skip
+        self.D, self.d_skip = nn.Parameter(torch.randn(d)), d_skip
         self.out_proj = nn.Linear(d, d)
 
     def forward(self, u):
@@ -491,21 +421,14 @@ class Hyena(nn.Module):
         return self.out_proj(v * x2)
 
 
-# Mamba's recurrence, the selective scan: first as the loop it is, then one call to the fast path.
-
 def selective_scan_ref(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False):
-    """Mamba's selective scan as a loop over time, with the signature, shapes and semantics of
-    mamba-ssm's selective_scan_ref (mamba_ssm/ops/selective_scan_interface.py):
-
+    """Mamba's selective scan as a loop over time in fp32 (or fp64), with the signature, shapes and
+    semantics of mamba-ssm's selective_scan_ref (mamba_ssm/ops/selective_scan_interface.py):
         u, delta, z: (b, d, l)   A: (d, n)   B, C: (b, n, l)   D, delta_bias: (d,)   -> (b, d, l)
-
         Δ = softplus(delta + delta_bias)   (softplus only if delta_softplus)
         h_t = exp(Δ_t A) ⊙ h_{t-1} + Δ_t u_t B_t          h_{-1} = 0, state (b, d, n)
         y_t = C_t · h_t + D u_t
-        out = y ⊙ SiLU(z)                                  (if z is given)
-
-    Computed in fp32 (or fp64) whatever the input dtype, as upstream.
-    """
+        out = y ⊙ SiLU(z)                                  (if z is given)"""
     dtype = u.dtype
     up = lambda x: None if x is None else x.to(torch.promote_types(x.dtype, torch.float32))
     u, delta, A, B, C, D, z, delta_bias = map(up, (u, delta, A, B, C, D, z, delta_bias))
@@ -529,14 +452,10 @@ def selective_scan_ref(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta
     return y.to(dtype)
 
 
-SCAN_BACKENDS = ("auto", "ext", "ref")
-
-
 def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
                    backend="auto"):
-    """selective_scan_ref's maths, on the backend asked for: "ref" the loop above (the oracle),
-    "ext" the compiled C++/CUDA kernel of scan_ext/ (an error if it cannot be built), "auto" the
-    kernel if it builds, else the loop with a one-line warning."""
+    """selective_scan_ref's maths on a backend: "ref" the loop above (the oracle), "ext" scan_ext/'s
+    compiled C++/CUDA kernel (an error if it cannot be built), "auto" the kernel, else the loop."""
     if backend not in SCAN_BACKENDS:
         raise ValueError(f"selective_scan: unknown backend {backend!r}; "
                          f"choose from {', '.join(SCAN_BACKENDS)}")
@@ -546,22 +465,16 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
 
 class Mamba(nn.Module):
     """Mamba (selective SSM), d_state N = 16, expand E = 2 (d_inner = 2d), dt_rank R = ceil(d/16):
-
         x, z = split(in_proj(u))                   (B, L, d_inner) each
         x = SiLU(conv(x))                          short causal conv of width d_conv (0 = none)
         δ, B, C = split(x_proj(x))                 (B, L, R), (B, L, N), (B, L, N)
         Δ = softplus(dt_proj(δ))                   (B, L, d_inner)
-        y = selective_scan(x, Δ, A = -exp(A_log), B, C, D) ⊙ SiLU(z)
-        out = out_proj(y)
-
+        y = selective_scan(x, Δ, A = -exp(A_log), B, C, D) ⊙ SiLU(z);   out = out_proj(y)
     d_conv is the paper's ablation knob: 4 by default, 0 removes the conv (SiLU kept), 1 is a
-    per-channel scale and bias. conv_in, conv_out (before SiLU) and act_out are identity modules:
-    named places to read or patch the conv's input and output.
+    per-channel scale and bias. conv_in, conv_out (before SiLU), act_out: identities to hook.
     Official implementation: state-spaces/mamba, mamba_ssm/modules/mamba_simple.py (Mamba, 2.2.4);
     conv ablations aryamanarora/tinylang, tinylang/model/arch/mamba.py.
-    Differences: nn.Conv1d for every width, and no unused conv parameters when d_conv = 0.
-    """
-
+    Differences: nn.Conv1d for every width, and no unused conv parameters when d_conv = 0."""
     def __init__(self, d: int, d_conv: int = 4, d_state: int = 16, expand: int = 2,
                  scan: str = "auto", dt_min: float = 1e-3, dt_max: float = 0.1):
         super().__init__()
@@ -591,23 +504,20 @@ class Mamba(nn.Module):
         dt, B, C = self.x_proj(x).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
         dt = dt @ self.dt_proj.weight.T                           # (B, L, D_in); bias in the scan
         A = -torch.exp(self.A_log)                                # (D_in, N)
-        y = selective_scan(x.transpose(1, 2), dt.transpose(1, 2), A, B.transpose(1, 2),
-                           C.transpose(1, 2), self.D, z.transpose(1, 2),
-                           delta_bias=self.dt_proj.bias, delta_softplus=True,
-                           backend=self.scan)                     # (B, D_in, L)
+        x, dt, B, C, z = (t.transpose(1, 2) for t in (x, dt, B, C, z))  # (B, channels, L)
+        y = selective_scan(x, dt, A, B, C, self.D, z, delta_bias=self.dt_proj.bias,
+                           delta_softplus=True, backend=self.scan)  # (B, D_in, L)
         return self.out_proj(y.transpose(1, 2))                   # (B, L, d)
 
 
 def delta_rule(q, k, v, beta):
     """The delta rule, computed for the whole sequence at once:
         S_t = S_{t-1} + β_t k_t (v_t - S_{t-1}ᵀ k_t)ᵀ,   o_t = S_tᵀ q_t,   S_0 = 0.
-    Writing S_t = Σ_{s<=t} k_s u_sᵀ, the values actually written are
-        u_t = β_t (v_t - Σ_{s<t} (k_t·k_s) u_s),
-    a unit lower-triangular linear system (I + tril(β k kᵀ, -1)) U = β V, solved exactly; then
-        o_t = Σ_{s<=t} (q_t·k_s) u_s.
-    q, k: (..., L, d_k), v: (..., L, d_v), beta: (..., L) -> (..., L, d_v).
-    This is FLA's chunked (WY) form with one chunk; the per-step loop is in the tests as the oracle.
-    """
+    Writing S_t = Σ_{s<=t} k_s u_sᵀ, the values actually written, and the outputs, are
+        u_t = β_t (v_t - Σ_{s<t} (k_t·k_s) u_s),     o_t = Σ_{s<=t} (q_t·k_s) u_s,
+    the u a unit lower-triangular linear system (I + tril(β k kᵀ, -1)) U = β V, solved exactly.
+    q, k: (..., L, d_k), v: (..., L, d_v), beta: (..., L) -> (..., L, d_v). This is FLA's chunked
+    (WY) form with one chunk; the per-step loop is in the tests as the oracle."""
     L = q.shape[-2]
     ones = torch.ones(L, L, dtype=torch.bool, device=q.device)
     M = (beta[..., None] * (k @ k.transpose(-2, -1))).masked_fill(~ones.tril(-1), 0)  # (..., L, L)
@@ -618,17 +528,12 @@ def delta_rule(q, k, v, beta):
 
 class DeltaNet(nn.Module):
     """DeltaNet (added in the paper's v3): linear attention with a delta-rule fast-weight state.
-
         q, k, v = SiLU(conv(W_q x)), SiLU(conv(W_k x)), SiLU(conv(W_v x))   short convs, no bias
         q, k = q/‖q‖, k/‖k‖;   β = sigmoid(W_β x)                             per head
         o = delta_rule(q / √d_k, k, v, β);   y = o_proj(RMSNorm(o))
-
     Official implementation: fla-org/flash-linear-attention, fla/layers/delta_net.py (DeltaNet with
     its defaults: use_beta, short conv 4, silu q/k activation, l2 q/k norm, no gate).
-    Differences: fp32 (the paper's v3 code casts to bf16 for Triton), an exact triangular solve
-    instead of chunked Triton kernels.
-    """
-
+    Differences: fp32 (v3 code casts to bf16 for Triton); an exact triangular solve, no Triton."""
     def __init__(self, d: int, n_head: int = 1, d_conv: int = 4):
         super().__init__()
         self.n_head = n_head
@@ -636,12 +541,10 @@ class DeltaNet(nn.Module):
         self.b_proj = nn.Linear(d, n_head, bias=False)
         self.q_conv1d, self.k_conv1d, self.v_conv1d = (short_conv(d, d_conv, bias=False)
                                                        for _ in range(3))
-        self.o_norm = nn.RMSNorm(d // n_head, eps=1e-5)
-        self.o_proj = nn.Linear(d, d, bias=False)
+        self.o_norm, self.o_proj = nn.RMSNorm(d // n_head, eps=1e-5), nn.Linear(d, d, bias=False)
 
     def forward(self, x):
-        B, L, d = x.shape
-        h = self.n_head
+        (B, L, d), h = x.shape, self.n_head
         heads = lambda y: y.view(B, L, h, d // h).transpose(1, 2)          # (B, h, L, d/h)
         q = heads(F.silu(self.q_conv1d(self.q_proj(x))))
         k = heads(F.silu(self.k_conv1d(self.k_proj(x))))
@@ -652,13 +555,9 @@ class DeltaNet(nn.Module):
         return self.o_proj(self.o_norm(o).transpose(1, 2).reshape(B, L, d))
 
 
-# ------------------------------------------------------------------------------------------------
-# 4. Blocks, the language model, initialisation, and the registry of architectures
-# ------------------------------------------------------------------------------------------------
-
+# 4. Blocks, the language model, initialisation, and the registry of architectures ---------------
 class Block(nn.Module):
     """A pre-norm residual block that maps the residual stream to the residual stream."""
-
     def __init__(self, d: int, mixer: nn.Module, mamba: bool):
         super().__init__()
         self.norm1 = nn.RMSNorm(d, eps=1e-5) if mamba else nn.LayerNorm(d)
@@ -672,9 +571,8 @@ class Block(nn.Module):
         return x
 
 
-# arch -> (cfg, layer index) -> mixer. The layer index matters only for the two hybrids, which
-# alternate by layer exactly as zoology's Hybrid does: BaseConv is [short k=3, long, short, ...] and
-# Based is [BaseConv short conv, Taylor linear attention, BaseConv, ...].
+# arch -> (cfg, layer index) -> mixer. The hybrids alternate by layer as zoology's Hybrid: BaseConv
+# [short k=3, long, short, ...], Based [BaseConv short conv, Taylor linear attention, BaseConv...].
 MIXERS = {
     "attention": lambda cfg, i: Attention(cfg.d_model, cfg.n_head),
     "base_conv": lambda cfg, i: BaseConv(cfg.d_model,
@@ -692,7 +590,6 @@ DEFAULT_DCONV = {"mamba": 4, "delta_net": 4, "based": 3}  # archs whose short co
 class LanguageModel(nn.Module):
     """ids (B, L) -> token embedding (+ position embedding) -> blocks -> LayerNorm -> logits, the
     output head tied to the token embedding. Official: tinylang/model/arch/zoology.py (tinylang)."""
-
     def __init__(self, cfg: "Config", vocab_size: int):
         super().__init__()
         d = cfg.d_model
@@ -719,15 +616,11 @@ class LanguageModel(nn.Module):
 
 
 def init_weights(model: nn.Module, cfg: "Config"):
-    """The official initialisation (applied after the modules' own inits, like the official code).
-
-    All but Mamba (zoology's _init_weights): Linear weights and embeddings ~ N(0, 0.02), Linear
-    biases 0, and any weight *named* out_proj.weight, fc2.weight or output_linear.0.weight redrawn
-    from N(0, 0.02/√(2 n_layer)). The rule goes by name (we keep the official names): H3's
-    output_linear, Based's proj_o, BaseConv's projection and DeltaNet's o_proj are not rescaled.
-    Mamba (mamba_ssm's _init_weights): Linear weights keep PyTorch's default, biases 0 except
-    dt_proj.bias, embeddings ~ N(0, 0.02), out_proj.weight kaiming-uniform / √n_layer.
-    """
+    """The official initialisation, after the modules' own inits. All but Mamba (zoology): Linear
+    weights and embeddings ~ N(0, 0.02), biases 0, and weights *named* out_proj.weight, fc2.weight
+    or output_linear.0.weight ~ N(0, 0.02/√(2 n_layer)) (so not H3's output_linear, Based's
+    proj_o, BaseConv's projection or DeltaNet's o_proj). Mamba (mamba_ssm): the same embeddings and
+    biases (but dt_proj.bias), PyTorch's Linear weights, out_proj kaiming-uniform / √n_layer."""
     mamba = cfg.arch == "mamba"
     rescaled = ("out_proj.weight", "fc2.weight", "output_linear.0.weight")  # zoology's name rule
     for m in model.modules():
@@ -747,23 +640,17 @@ def init_weights(model: nn.Module, cfg: "Config"):
             nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.n_layer))
 
 
-# ------------------------------------------------------------------------------------------------
-# 5. Training
-# ------------------------------------------------------------------------------------------------
-
+# 5. Training ------------------------------------------------------------------------------------
 def opt(default, help, flag=None):
     """A Config field with its --help text (and, if it differs from the field name, its flag)."""
-    return field(default=default, metadata=dict(help=help, flag=flag))
+    return dataclasses.field(default=default, metadata=dict(help=help, flag=flag))
 
 
-@dataclass
+@dataclasses.dataclass
 class Config:
-    """Everything that defines a run. Each field is a command-line flag (--d-model for d_model), so
-    Config(arch=A, task=T) is exactly the run of `python mech.py --arch A --task T`: fields left at
-    None take the preset's value (PRESETS). The official code's quirks are flags that default to
-    the paper's intent."""
-    # what to train
-    task: str = opt("ar", "the task: ar or atr")
+    """Everything that defines a run; each field is a flag (--d-model for d_model): Config(arch=A,
+    task=T) is the run `mech.py --arch A --task T`, None fields taking the preset's value."""
+    task: str = opt("ar", "the task: ar or atr")  # -- what to train
     arch: str = opt("attention", "attention, base_conv, based, h3, hyena, mamba or delta_net")
     preset: str = opt("cpu", "defaults: cpu (calibrated on 2 CPU cores) or paper (its protocol)")
     d_model: int = opt(64, "model width d (paper grid: 16, 32, 64, 128, 256)")
@@ -776,8 +663,7 @@ class Config:
     hyena_d_skip: bool = opt(True, "Hyena's D skip (the official runs had it zeroed by a bug)")
     value_corruption: str = opt("value", "a corrupted Value becomes a value, or a key (official)")
     scan: str = opt("auto", "Mamba's scan: ext (compiled scan_ext/), ref (loop) or auto")
-    # the data
-    num_kv: int = opt(8192, "AR: number of key + value tokens (half keys, half values)")
+    num_kv: int = opt(8192, "AR: number of key + value tokens (half keys, half values)")  # -- data
     n_pairs: int = opt(16, "AR: key-value pairs per document")
     atr: str = opt("easy", "ATR setting: easy (Lmax 5, |Σ| 20), medium (Lmax 10) or 8192 (|Σ|)")
     held_out: float = opt(0.0, "ATR: fraction of label pairs asked only by test documents")
@@ -786,8 +672,7 @@ class Config:
     fresh_data: Optional[bool] = opt(None, "a fresh batch every step instead of the fixed set")
     bucket: Optional[int] = opt(None, "batch documents by length in windows of this many batches")
     n_eval: int = opt(320, "test documents evaluated (the paper: the first 320)")
-    # optimisation
-    steps: Optional[int] = opt(None, "optimizer steps (wins over --epochs)")
+    steps: Optional[int] = opt(None, "optimizer steps (wins over --epochs)")  # -- optimisation
     epochs: Optional[int] = opt(None, "passes over the training set, if --steps is not given")
     batch_size: int = opt(32, "training batch size")
     lr: Optional[float] = opt(None, "peak learning rate (paper grid: 3e-5 .. 3e-2)")
@@ -799,13 +684,10 @@ class Config:
     seed: int = opt(42, "seed for the data and the initial weights")
 
     def __post_init__(self):
-        if self.pos_emb is None:
-            self.pos_emb = self.arch == "attention"
-        if self.d_conv is None:
-            self.d_conv = DEFAULT_DCONV.get(self.arch)
         if self.preset not in PRESETS:
             raise ValueError(f"unknown preset {self.preset!r}; choose from {', '.join(PRESETS)}")
-        for name, value in PRESETS[self.preset](self).items():
+        arch_defaults = dict(pos_emb=self.arch == "attention", d_conv=DEFAULT_DCONV.get(self.arch))
+        for name, value in {**arch_defaults, **PRESETS[self.preset](self)}.items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
         check(self)
@@ -817,12 +699,10 @@ class Config:
 
 
 def paper_preset(cfg: Config) -> dict:
-    """The paper's protocol (aryamanarora/tinylang, experiments/*.yaml): a fixed set of 100,032
-    documents replayed every epoch, batch 32, 10% warmup then cosine to 0 (linear for the held-out
-    generalisation runs), AR 16 epochs (50,016 steps), ATR 32 (100,032); best of 5-7 learning
-    rates."""
-    # a given length wins over the preset's
-    explicit = cfg.steps is not None or cfg.epochs is not None
+    """The paper's protocol (tinylang experiments/*.yaml): 100,032 fixed documents replayed each
+    epoch, batch 32, 10% warmup, cosine to 0 (linear if held out), AR 16 epochs (50,016 steps), ATR
+    32 (100,032); the best of 5-7 learning rates."""
+    explicit = cfg.steps is not None or cfg.epochs is not None  # a given length wins
     length = {} if explicit else dict(epochs=16 if cfg.task == "ar" else 32)
     return dict(length, lr=1e-3, schedule="linear" if cfg.held_out else "cosine", fresh_data=False,
                 bucket=0, eval_every=200)
@@ -832,8 +712,7 @@ def cpu_preset(cfg: Config) -> dict:
     """The paper's task, documents, loss and batch at one of its widths (d = 64), on a schedule
     calibrated on 2 CPU cores (README, "The CPU preset"): warmup, hold the peak, decay (wsd)."""
     out = dict(steps=15_000, lr=1e-3, schedule="wsd", fresh_data=False, eval_every=500,
-               # ATR batches by length: 3x fewer tokens a step
-               bucket=16 if cfg.task == "atr" else 0)
+               bucket=16 if cfg.task == "atr" else 0)  # ATR by length: 3x fewer tokens a step
     if (cfg.task, cfg.arch) == ("ar", "attention"):
         out.update(steps=30_000)  # it crosses its plateau (induction forms) only at step 13-17k
     if (cfg.task, cfg.arch) == ("ar", "mamba"):
@@ -853,14 +732,11 @@ def check(cfg: Config):
     def need(ok, msg):
         if not ok:
             raise ValueError(msg)
-
-    def one_of(name, allowed):
-        value = getattr(cfg, name)
-        need(value in allowed, f"unknown {name} {value!r}; choose from {', '.join(allowed)}")
     for name, allowed in (("task", TASKS), ("arch", MIXERS), ("atr", ATR_SETTINGS),
                           ("scan", SCAN_BACKENDS), ("value_corruption", ("value", "key")),
                           ("schedule", ("cosine", "linear", "wsd"))):
-        one_of(name, allowed)
+        value = getattr(cfg, name)
+        need(value in allowed, f"unknown {name} {value!r}; choose from {', '.join(allowed)}")
     for name in ("d_model", "n_layer", "n_head", "batch_size", "n_eval", "eval_every", "steps",
                  "epochs"):
         value = getattr(cfg, name)
@@ -903,11 +779,9 @@ def build_model(cfg: Config, vocab_size: int) -> LanguageModel:
 
 
 def lr_at(step: int, cfg: Config) -> float:
-    """Linear warmup over int(warmup_frac * total) steps (the first update has rate 0), then cosine
-    (or linear) decay to 0, as HuggingFace's get_cosine_schedule_with_warmup (the paper's); "wsd"
-    holds the peak after warmup and decays linearly to 0 over the last decay_frac of the steps."""
-    total = cfg.total_steps
-    warm = int(cfg.warmup_frac * total)
+    """Linear warmup (the first update at rate 0), then cosine or linear decay to 0 as the paper's
+    get_cosine_schedule_with_warmup; "wsd" holds the peak, then decays over the last decay_frac."""
+    total, warm = cfg.total_steps, int(cfg.warmup_frac * cfg.total_steps)
     if step < warm:
         return cfg.lr * step / warm
     if cfg.schedule == "wsd":
@@ -936,11 +810,9 @@ def evaluate(model: LanguageModel, data: Examples, batch_size: int = 64) -> dict
 
 def batch_documents(length: np.ndarray, n_batches: int, batch_size: int, bucket: int,
                     rng: np.random.Generator) -> np.ndarray:
-    """(n_batches, batch_size) indices of the training documents in each batch. Without buckets, the
-    paper's order: batch i holds documents i*batch_size ... (i+1)*batch_size - 1. With buckets, each
-    window of `bucket` batches is re-cut after sorting its documents by length, and those batches
-    come in a random order: every document is still seen once per epoch, but batches pad far less
-    (ATR easy: a mean padded length of 23 instead of 69 tokens with windows of 16 batches)."""
+    """(n_batches, batch_size) training-document indices per batch: the paper's consecutive order,
+    or with buckets each window of `bucket` batches re-cut after sorting by length, then shuffled:
+    each document still once an epoch, less padding (ATR easy, windows of 16: 23 tokens, not 69)."""
     batches = np.arange(n_batches * batch_size).reshape(n_batches, batch_size)
     for w in range(0, n_batches, bucket or n_batches):
         if bucket:
@@ -966,12 +838,10 @@ def resolve_device(device: str) -> torch.device:
 
 
 def training_batches(cfg: Config, task, dev: torch.device):
-    """batch_at(step) -> the batch of that step, a pure function of (seed, step), so that a resumed
-    run sees the same batches. The paper's protocol generates the training set once and replays it
-    in the same order every epoch; --fresh-data samples every batch anew instead."""
+    """batch_at(step): that step's batch, a pure function of (seed, step) (a resumed run sees the
+    same): the fixed set, replayed in order every epoch, or with --fresh-data a new batch."""
     if cfg.fresh_data:
-        return lambda step: task.sample(cfg.batch_size,
-                                        rng_for(cfg.seed, f"train-step-{step}")).to(dev)
+        return lambda s: task.sample(cfg.batch_size, rng_for(cfg.seed, f"train-step-{s}")).to(dev)
     per_epoch = cfg.n_train // cfg.batch_size
     train_set = task.sample(cfg.n_train, rng_for(cfg.seed, "train"))
     batches = batch_documents(train_set.pos["answer"].numpy(), per_epoch, cfg.batch_size,
@@ -1030,9 +900,8 @@ def progress_line(point: dict, total: int, rate: float) -> str:
 
 def train(cfg: Config, out: Optional[str] = None, device: str = "auto", log=print,
           checkpoint_every_s: float = 60.0) -> tuple:
-    """Train one model; write config.json, metrics.json and model.pt to `out` (atomically), keeping
-    a checkpoint while training so that an interrupted run resumes exactly where it stopped.
-    Returns the trained model and the metrics dict (also in metrics.json)."""
+    """Train one model -> (model, metrics). In `out`, write config.json, metrics.json and model.pt
+    (atomically) and, while training, a checkpoint from which an interrupted run resumes exactly."""
     dev = resolve_device(device)
     if out is not None:
         os.makedirs(out, exist_ok=True)
@@ -1052,9 +921,8 @@ def train(cfg: Config, out: Optional[str] = None, device: str = "auto", log=prin
         start, curve, elapsed = load_checkpoint(ckpt_path, model, optimizer, dev)
         log(f"resuming {out} at step {start}")
     n_params = sum(p.numel() for p in model.parameters())
-    log(f"{cfg.arch} on {cfg.task}: d={cfg.d_model}, {cfg.n_layer} layers, "
-        f"{n_params:,} parameters, {total:,} steps, lr {cfg.lr:g}, {dev.type}, "
-        f"{torch.get_num_threads()} threads")
+    log(f"{cfg.arch} on {cfg.task}: d={cfg.d_model}, {cfg.n_layer} layers, {n_params:,} parameters"
+        f", {total:,} steps, lr {cfg.lr:g}, {dev.type}, {torch.get_num_threads()} threads")
     model.train()
     t_start, last_save, since = time.time(), time.time(), start
     loss_sum = torch.zeros((), device=dev)
@@ -1089,8 +957,7 @@ def train(cfg: Config, out: Optional[str] = None, device: str = "auto", log=prin
 
 
 def finish_run(out: Optional[str], model, cfg: Config, curve: list, timing: dict) -> dict:
-    """The metrics of a finished run (the last evaluation, after the last step), saved with the
-    model in `out`, where the checkpoint is no longer needed."""
+    """The final metrics (the last evaluation); with `out`, saved there with the model."""
     final = curve[-1]
     metrics = dict(accuracy=final["accuracy"], test_loss=final["test_loss"], steps=cfg.total_steps,
                    **({"dev_accuracy": final["dev_accuracy"]} if "dev_accuracy" in final else {}),
@@ -1098,38 +965,29 @@ def finish_run(out: Optional[str], model, cfg: Config, curve: list, timing: dict
     if out is not None:
         atomic_write(os.path.join(out, "model.pt"), lambda tmp: torch.save(model.state_dict(), tmp))
         write_json(os.path.join(out, "metrics.json"), metrics)
-        if os.path.exists(os.path.join(out, "checkpoint.pt")):
-            os.remove(os.path.join(out, "checkpoint.pt"))
+        pathlib.Path(out, "checkpoint.pt").unlink(missing_ok=True)  # no longer needed
     return metrics
 
 
 def load_run(path: str, device: str = "cpu"):
-    """(model, cfg) of a finished run folder, for notebooks:
-    model, cfg = mech.load_run('runs/...')."""
-    with open(os.path.join(path, "config.json")) as f:
-        cfg = Config(**json.load(f))
+    """(model, cfg) of a finished run folder, for notebooks: model, cfg = load_run('runs/...')."""
+    cfg = Config(**json.loads(pathlib.Path(path, "config.json").read_text()))
     model = build_model(cfg, make_task(cfg).vocab_size)
     model.load_state_dict(torch.load(os.path.join(path, "model.pt"), map_location=device))
     return model.to(device).eval(), cfg
 
-# ------------------------------------------------------------------------------------------------
-# 6. Interventions: the mechanistic evaluation
-# ------------------------------------------------------------------------------------------------
-# An interchange intervention asks where the information that decides the answer lives. Corrupt
-# one token of the document (the Key: replace it by another key), so that the model no longer
-# knows which value to return; run the corrupted document, but at one site (e.g. the residual
-# stream entering layer l) and one position, put back the activation from the clean run; see how
-# much of the answer's probability at the Query comes back:
-#
-#     Attrib = (mean p_patched - mean p_corrupted) / (mean p_clean - mean p_corrupted)
-#
-# (a ratio of means over the evaluation documents, as the paper computes it). At the input of the
-# last layer of a 2-layer model, Attrib@Value ≈ 1 means layer 0 already wrote "this value follows
-# that key" at the Value position, and the last layer matches the Query against it: induction.
-# Attrib@Query ≈ 1 means layer 0 already retrieved the answer at the last position; Attrib@Key
-# ≈ 1 that the last layer itself reads the key's position.
-# Official implementation: aryamanarora/tinylang, tinylang/eval/interchange.py (with pyvene).
 
+# 6. Interventions: the mechanistic evaluation ---------------------------------------------------
+# An interchange intervention asks where the information that decides the answer lives: corrupt
+# one token (the Key: another key instead), so the model no longer knows which value to return;
+# run the corrupted document, but at one site (e.g. the residual stream entering layer l) and one
+# position put back the clean run's activation; see how much of p(answer) at the Query comes back,
+#     Attrib = (mean p_patched - mean p_corrupted) / (mean p_clean - mean p_corrupted)
+# At the input of the last layer of a 2-layer model, Attrib@Value ≈ 1 means layer 0 already wrote
+# "this value follows that key" at the Value position, and the last layer matches the Query
+# against it: induction. Attrib@Query ≈ 1 means layer 0 already retrieved the answer at the last
+# position; Attrib@Key ≈ 1 that the last layer itself reads the key's position.
+# Official implementation: aryamanarora/tinylang, tinylang/eval/interchange.py (with pyvene).
 SITES = {  # site -> (module inside blocks[l], hook on its input "in" or its output "out")
     "block_input": ("", "in"),            # the residual stream entering block l
     "block_output": ("", "out"),          # ... leaving it (= block_input of l+1)
@@ -1137,13 +995,11 @@ SITES = {  # site -> (module inside blocks[l], hook on its input "in" or its out
     "mixer_output": ("mixer", "out"),     # the mixer's output, before the residual add
     "mlp_input": ("mlp", "in"),
     "mlp_output": ("mlp", "out"),
-    # Mamba: its short conv's output, before SiLU (d_inner wide)
-    "conv_output": ("mixer.conv_out", "out"),
+    "conv_output": ("mixer.conv_out", "out"),  # Mamba's short conv output, before SiLU (d_inner)
 }
 POSITIONS = ("key", "value", "value+1", "value+2", "divider", "query")  # value+1 is AR's "next key"
 MAIN = ("block_input", "key")  # the paper's main setting: the last layer's input, Key corrupted
-# mean p_clean - mean p_corrupted below this: the model did not learn the task
-VERDICT_MIN_EFFECT = 0.1
+VERDICT_MIN_EFFECT = 0.1  # mean p_clean - mean p_corrupted below this: the task was not learned
 VERDICT_DOMINANT = 0.6    # an Attrib this high, with the others below 1 - it, names the mechanism
 
 
@@ -1154,7 +1010,7 @@ def positions(data: Examples, name: str) -> torch.Tensor:
 
 
 def sites_of(model: LanguageModel) -> list:
-    """The (site, layer) pairs this model has: no MLP in Mamba blocks, a conv only in Mamba's."""
+    """The model's (site, layer) pairs: no MLP in Mamba blocks, a conv only there (d_conv > 0)."""
     have = []
     for layer, block in enumerate(model.blocks):
         for site, (path, _) in SITES.items():
@@ -1162,7 +1018,6 @@ def sites_of(model: LanguageModel) -> list:
                 block.get_submodule(path)
             except AttributeError:  # e.g. a Mamba block's mlp (None), an attention mixer's conv_out
                 continue
-            # d_conv = 0
             if not (site == "conv_output" and isinstance(block.mixer.conv1d, nn.Identity)):
                 have.append((site, layer))
     return have
@@ -1171,8 +1026,7 @@ def sites_of(model: LanguageModel) -> list:
 @contextlib.contextmanager
 def intervene(model: LanguageModel, site: str, layer: int, fn):
     """Run the model with fn(activation) -> activation at (site, layer); the hook is always removed.
-    Activations are (B, L, width) tensors; fn may read them (and return them unchanged) or edit a
-    copy."""
+    Activations are (B, L, width); fn may read them (and return them unchanged) or edit a copy."""
     path, side = SITES[site]
     module = model.blocks[layer].get_submodule(path)
     if side == "in":
@@ -1203,8 +1057,7 @@ def p_answer(model: LanguageModel, data: Examples, ids=None) -> torch.Tensor:
 def corrupt(task, data: Examples, what: str, rng: np.random.Generator,
             value_corruption: str = "value"):
     """A copy of the documents with the token at pos[what] replaced by another of its kind. The
-    official code (tinylang/eval/interchange.py) replaces a corrupted Value by a *key* token:
-    value_corruption="key"."""
+    official code replaces a corrupted Value by a *key* token: value_corruption="key"."""
     ids = data.ids.clone()
     rows, pos = torch.arange(len(ids), device=ids.device), data.pos[what]
     kind = "key" if what == "key" or value_corruption == "key" else "value"
@@ -1215,9 +1068,8 @@ def corrupt(task, data: Examples, what: str, rng: np.random.Generator,
 @torch.no_grad()
 def interchange(model: LanguageModel, task, data: Examples, corrupted: str = "key", seed: int = 0,
                 value_corruption: str = "value", batch_size: int = 64) -> list:
-    """Patch every (site, layer, position) of the corrupted run with the clean run's activation.
-    Returns rows dict(corrupted, site, layer, position, p_clean, p_corr, p_patch, attrib) of means
-    over the documents. One corruption per document, drawn from `seed`, is shared by all cells."""
+    """Patch every (site, layer, position) of the corrupted run with the clean run's activation ->
+    rows of means over the documents; one corruption per document (from `seed`) for all cells."""
     was_training = model.training
     model.eval()
     rng = rng_for(seed, f"corrupt-{corrupted}")
@@ -1247,17 +1099,14 @@ def interchange(model: LanguageModel, task, data: Examples, corrupted: str = "ke
     model.train(was_training)
     n = len(data)
     p_clean, p_corr = clean_sum / n, corr_sum / n
-    effect = p_clean - p_corr
+    effect = p_clean - p_corr or math.nan  # no effect at all: every Attrib is undefined
     return [dict(corrupted=corrupted, site=site, layer=layer, position=p, p_clean=p_clean,
-                 p_corr=p_corr, p_patch=sums[site, layer, p] / n,
-                 attrib=((sums[site, layer, p] / n - p_corr) / effect if effect != 0
-                         else float("nan")))
-            for site, layer, p in grid]
+                 p_corr=p_corr, p_patch=s / n, attrib=(s / n - p_corr) / effect)
+            for (site, layer, p), s in sums.items()]
 
 
 def main_setting(rows: list, n_layer: int, layer: int | None = None) -> dict:
-    """Attrib at the paper's main setting: the last layer's block_input (or `layer`'s), Key
-    corrupted."""
+    """Attrib at the main setting: the last layer's block_input (or `layer`'s), Key corrupted."""
     site, corrupted = MAIN
     layer = n_layer - 1 if layer is None else layer
     return {r["position"]: r["attrib"] for r in rows
@@ -1265,20 +1114,15 @@ def main_setting(rows: list, n_layer: int, layer: int | None = None) -> dict:
 
 
 def verdict(rows: list, n_layer: int) -> str:
-    """The mechanism in words, from the main setting (thresholds VERDICT_*).
-
-    With more than two layers the last layer's input can show @Query 1.00 for an induction model too
-    (layer 1 already moved the answer from the Value to the Query), so the verdict reads the first
-    layer whose input no longer holds the association at the Key; with two layers that is the
-    last."""
+    """The mechanism in words, from Attrib at the first layer whose input lacks the Key association
+    (thresholds VERDICT_*): in deeper models the last one can show @Query 1.00 for induction too."""
     key_rows = [r for r in rows if r["corrupted"] == "key"]
     effect = key_rows[0]["p_clean"] - key_rows[0]["p_corr"]
     if effect < VERDICT_MIN_EFFECT:
         return (f"not learned: corrupting the Key moves p(answer) by only {effect:.3f} "
                 f"(< {VERDICT_MIN_EFFECT}), too little to attribute")
     layer = next((l for l in range(1, n_layer)
-                  if main_setting(rows, n_layer, l)["key"] < VERDICT_DOMINANT),
-                 n_layer - 1)
+                  if main_setting(rows, n_layer, l)["key"] < VERDICT_DOMINANT), n_layer - 1)
     a = main_setting(rows, n_layer, layer)
     where = "the last layer" if layer == n_layer - 1 else f"layer {layer}"
     names = {"value": "induction: the key-value binding is stored at the Value position "
@@ -1286,10 +1130,9 @@ def verdict(rows: list, n_layer: int) -> str:
              "query": "direct retrieval at the last position: the answer is computed at the Query "
                       f"before {where}",
              "key": "direct retrieval, late: the last layer reads the Key position itself"}
-    best = max(names, key=lambda p: a[p])
-    if a[best] >= VERDICT_DOMINANT and all(a[p] <= 1 - VERDICT_DOMINANT
-                                           for p in names if p != best):
-        return names[best]
+    top = max(names, key=lambda p: a[p])
+    if a[top] >= VERDICT_DOMINANT and all(a[p] <= 1 - VERDICT_DOMINANT for p in names if p != top):
+        return names[top]
     return "mixed: " + ", ".join(f"Attrib@{p.capitalize()} {a[p]:.2f}"
                                  for p in ("key", "value", "query"))
 
@@ -1308,8 +1151,7 @@ def mechanism_report(rows: list, n_layer: int) -> str:
                      + "".join(f"{cells[p]:10.3f}" for p in POSITIONS) + mark)
     first = next(r for r in rows if r["corrupted"] == "key")
     lines.append(f"p(answer): clean {first['p_clean']:.3f}, Key corrupted {first['p_corr']:.3f}")
-    conv = {r["position"]: r["attrib"] for r in rows
-            if r["corrupted"] == "key" and r["site"] == "conv_output" and r["layer"] == 0}
+    conv = table.get(("conv_output", 0))
     if conv:
         lines.append("Mamba conv: patching layer 0's conv output restores Attrib "
                      f"{conv['value']:.2f} at the Value, {conv['value+1']:.2f} at Value+1 "
@@ -1341,19 +1183,16 @@ def plot_mechanism(rows: list, path: str, title: str) -> None:
         ax.set_xticks(range(len(POSITIONS)), ["@" + p for p in POSITIONS], rotation=60, fontsize=7)
         ax.set_yticks(range(len(layers)), [f"layer {l}" for l in layers], fontsize=7)
     fig.suptitle(title + "\nAttrib: share of p(answer) restored by patching the clean activation "
-                         "(Key corrupted)",
-                 fontsize=9)
+                 "(Key corrupted)", fontsize=9)
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     plt.close(fig)
 
 
 def analyse(model: LanguageModel, cfg: "Config") -> dict:
-    """The mechanistic evaluation of a trained model on its test documents, Key and Value
-    corrupted."""
-    task = make_task(cfg)
-    data = task.sample(cfg.n_eval, rng_for(cfg.seed, "test"),
-                       split="test").to(next(model.parameters()).device)
+    """Mechanistic evaluation of a trained model on its test documents, Key and Value corrupted."""
+    task, dev = make_task(cfg), next(model.parameters()).device
+    data = task.sample(cfg.n_eval, rng_for(cfg.seed, "test"), split="test").to(dev)
     rows = (interchange(model, task, data, "key", cfg.seed, cfg.value_corruption)
             + interchange(model, task, data, "value", cfg.seed, cfg.value_corruption))
     return dict(rows=rows, main=main_setting(rows, cfg.n_layer), verdict=verdict(rows, cfg.n_layer))
@@ -1364,23 +1203,16 @@ def analyse_run(out: str, model: LanguageModel, cfg: "Config", log=print) -> dic
     analysis = analyse(model, cfg)
     log(mechanism_report(analysis["rows"], cfg.n_layer))
     path = os.path.join(out, "metrics.json")
-    with open(path) as f:
-        metrics = json.load(f)
+    metrics = json.loads(pathlib.Path(path).read_text())
     metrics["interventions"] = analysis
     write_json(path, metrics)
-    plot_mechanism(analysis["rows"], os.path.join(out, "mechanism.png"),
-                   f"{cfg.arch} on {cfg.task}, d={cfg.d_model}, "
-                   f"test accuracy {metrics['accuracy']:.3f}")
+    title = f"{cfg.arch} on {cfg.task}, d={cfg.d_model}, test accuracy {metrics['accuracy']:.3f}"
+    plot_mechanism(analysis["rows"], os.path.join(out, "mechanism.png"), title)
     return metrics
 
 
-# ------------------------------------------------------------------------------------------------
-# 7. The second task: Associative Treecall (ATR)
-# ------------------------------------------------------------------------------------------------
-# ATR plugs into the same interface as AR (sample, other_token, vocab_size, named positions), so
-# training and the interventions above run on it unchanged.
-
-@dataclass
+# 7. The second task: Associative Treecall (ATR) -------------------------------------------------
+@dataclasses.dataclass
 class Tree:
     """One sampled sentence as a dependency tree over its terminals, and the queried pair."""
     labels: list  # terminal labels 0 .. T-1, in sentence order (token id = 3 + label)
@@ -1392,42 +1224,27 @@ class Tree:
 
 class ATR:
     """Associative Treecall: recall a terminal's parent in a sentence of a random headed PCFG.
-
         pos:  0     1 ... n   n+1    n+2      n+3       n+4
         tok:  <bos> t ... t   <eos>  t_query  t_parent  <eos>
-
-    The grammar (built once, from its own seed) has n_nonterminals nonterminals, each with a level
-    in 1..max_depth and 1..max_rules rules of 1..max_rhs_len-1 symbols (terminals, or nonterminals
-    of a higher level, so derivations end), plus a distribution over terminals for its head word.
-    A constituent emits its children in order, then its head word at its right end. A terminal's
-    parent is the head word of its constituent (a head word's parent: the head of the enclosing
-    one), so parents lie to the right of their children and one parent has many children: the
-    associations are tree-shaped, not adjacent pairs as in AR. The query repeats a terminal that is
-    the rightmost of its type (so the Key is unambiguous), drawn parent first; the model must output
-    the parent. With split > 0, a fraction `split` of the (parent label, query label) pairs is held
-    out: "train" and "dev" documents never query one, "test" documents only query those.
-    Vocabulary: PAD 0, BOS 1, EOS 2, terminals 3 .. T+2, then 3 query-type tokens that the official
-    code emits only when several query types are on: V = T + 6 (26 for T = 20, 8198 for T = 8192).
-
+    A constituent emits its children, then its head word; a terminal's parent is its constituent's
+    head word (a head word's: the enclosing one's), so parents lie right of their many children:
+    tree-shaped associations, not AR's adjacent pairs. The query repeats the rightmost terminal of
+    its label (an unambiguous Key), drawn parent first. With split > 0, that fraction of (parent
+    label, query label) pairs is held out: only "test" documents ask them. Vocabulary: PAD 0, BOS 1,
+    EOS 2, terminals 3 .. T+2, 3 official query-type tokens (unused here): V = T + 6 (26, 8198).
     Official implementation: aryamanarora/tinylang, tinylang/language/pcfg.py (class PCFG), configs
     in languages/ (pcfg_vary_difficulty, pcfg_vary_rhs_8192, pcfg_train_test_split).
-    Differences: none in the grammar, built with the official sequence of legacy-numpy calls, so
-    the easy (110 rules), medium (124), 8192 and split (90 of 400 pairs held out) grammars are the
-    official ones. Documents come from the Generator passed to sample(): the official distribution,
-    not the official documents (fed the official legacy stream instead, they are those token for
-    token: the tests check it). Parent queries only, as in the paper's main runs. Sentences are
-    capped at L_MAX - 5 terminals to fit the position grid (100k easy sentences reach ~420).
-    """
-
+    Differences: none in the grammar, from the same legacy-numpy calls: the easy (110 rules), medium
+    (124), 8192 and split (90 of 400 pairs held out) grammars are the official ones. Documents: the
+    official distribution, from sample()'s rng (the official legacy stream gives the official ones:
+    tested). Parent queries only; at most L_MAX - 5 terminals (100k easy sentences reach ~420)."""
     def __init__(self, n_terminals: int = 20, max_rhs_len: int = 5, n_nonterminals: int = 40,
                  max_rules: int = 5, max_depth: int = 10, terminal_occurrence_factor=None,
                  split: float = 0.0, grammar_seed: int = 42, max_length: int = 1024):
-        self.n_terminals, self.max_rhs_len, self.n_nonterminals = (n_terminals, max_rhs_len,
-                                                                   n_nonterminals)
-        self.max_rules, self.max_depth, self.max_length = max_rules, max_depth, max_length
+        self.n_terminals, self.max_rhs_len = n_terminals, max_rhs_len
+        self.n_nonterminals, self.max_rules, self.max_depth = n_nonterminals, max_rules, max_depth
         self.terminal_occurrence_factor, self.split = terminal_occurrence_factor, split
-        self.first_terminal = 3
-        self.vocab_size = n_terminals + 6
+        self.first_terminal, self.vocab_size, self.max_length = 3, n_terminals + 6, max_length
         self.build_grammar(np.random.RandomState(grammar_seed))
 
     def build_grammar(self, rs: np.random.RandomState):
@@ -1436,33 +1253,28 @@ class ATR:
         T, N = self.n_terminals, self.n_nonterminals
         # 1. held-out (parent label, query label) pairs; drawn first, so a split changes the grammar
         self.held_out = rs.rand(T, T) < self.split if self.split > 0 else None
-        # 2. levels: a rule may only use nonterminals of a higher level (official: max_depths)
+        # 2. levels 1..max_depth (official: max_depths); rules use only higher ones: derivations end
         self.level = np.array([rs.randint(1, self.max_depth + 1) for _ in range(N)])
-        # 3. rules: 1..max_rhs_len-1 symbols, uniform over allowed nonterminals and terminals; with
-        #    a terminal_occurrence_factor f, one terminal placeholder of weight f, filled afterwards
-        #    with uniform terminals (so the tree shape does not depend on T)
-        PLACEHOLDER = -1
+        # 3. 1..max_rules rules of 1..max_rhs_len-1 symbols, uniform over allowed nonterminals and
+        #    terminals; with a terminal_occurrence_factor f, one terminal placeholder of weight f,
+        #    filled afterwards with uniform terminals (so the tree shape does not depend on T)
+        PLACEHOLDER, factor = -1, self.terminal_occurrence_factor
         self.rules = []
         for nt in range(N):
             n_rules = rs.randint(1, self.max_rules + 1)
             allowed = [T + x for x in range(N) if self.level[x] > self.level[nt]]
+            if factor is None:
+                symbols, p = allowed + list(range(T)), None
+            else:
+                weights = np.append(np.ones(len(allowed)), factor)
+                symbols, p = allowed + [PLACEHOLDER], weights / weights.sum()
             rules = []
             for _ in range(n_rules):
                 length = rs.randint(1, self.max_rhs_len)
-                if self.terminal_occurrence_factor is None:
-                    symbols = allowed + list(range(T))
-                    rhs = [symbols[i] for i in rs.choice(len(symbols), size=length)]
-                else:
-                    weights = np.ones(len(allowed) + 1)
-                    weights[-1] = self.terminal_occurrence_factor
-                    symbols = allowed + [PLACEHOLDER]
-                    rhs = [symbols[i] for i in rs.choice(len(symbols), size=length,
-                                                         p=weights / weights.sum())]
-                rules.append(rhs)
+                rules.append([symbols[i] for i in rs.choice(len(symbols), size=length, p=p)])
             self.rules.append(rules)
-        self.rules = [[tuple(s if s != PLACEHOLDER else rs.randint(T) for s in rhs)
-                       for rhs in rules]
-                      for rules in self.rules]
+        fill = lambda s: rs.randint(T) if s == PLACEHOLDER else s
+        self.rules = [[tuple(fill(s) for s in rhs) for rhs in rules] for rules in self.rules]
         # 4. rule probabilities, 5. head-word distributions over all T terminals: Dirichlet(1)
         self.rule_probs = [rs.dirichlet(np.ones(len(rules))) for rules in self.rules]
         self.head_probs = [rs.dirichlet(np.ones(T)) for _ in range(N)]
@@ -1475,17 +1287,13 @@ class ATR:
 
     def derive(self, rng):
         """Expand a start symbol depth-first, left to right (the official order of draws: per
-        constituent, its rule, then its head word). Returns a Tree without its query, or None when
-        the sentence would grow past max_length terminals (the official generator gives up at that
-        point).
-        rng: anything with .random() -- a numpy Generator, or a legacy RandomState."""
+        constituent, its rule, then its head word), with a numpy Generator or legacy RandomState.
+        Returns a Tree without its query, or None past max_length terminals (as officially)."""
         T = self.n_terminals
-        # per terminal: label; constituent whose head is its parent; depth
-        labels, owner, depth = [], [], []
+        labels, owner, depth = [], [], []  # per terminal; owner: the constituent its parent heads
         head_at = []                       # per constituent: position of its head word
-        start = T + bisect.bisect_right(self.start_cdf, rng.random())
-        # (symbol, enclosing constituent, constituent it heads or -1, depth)
-        stack = [(start, -1, -1, 0)]
+        start = T + bisect_right(self.start_cdf, rng.random())
+        stack = [(start, -1, -1, 0)]  # (symbol, its constituent, the one it heads or -1, depth)
         while stack:
             if len(labels) >= self.max_length:  # and more to come
                 return None
@@ -1499,19 +1307,16 @@ class ATR:
                 continue
             c = len(head_at)  # a nonterminal: a new constituent c
             head_at.append(-1)
-            rhs = self.rules[symbol - T][bisect.bisect_right(self.rule_cdf[symbol - T],
-                                                             rng.random())]
-            head = bisect.bisect_right(self.head_cdf[symbol - T], rng.random())
-            # c's head word, out after the children (right-headed)
-            stack.append((head, up, c, d + 1))
+            rhs = self.rules[symbol - T][bisect_right(self.rule_cdf[symbol - T], rng.random())]
+            head = bisect_right(self.head_cdf[symbol - T], rng.random())
+            stack.append((head, up, c, d + 1))  # c's head word: out after the children
             stack.extend((s, c, -1, d + 1) for s in reversed(rhs))  # the children, popped in order
         parent = [head_at[c] if c >= 0 else -1 for c in owner]
         return Tree(labels, parent, depth, query=-1, target=-1)
 
     def eligible_pairs(self, tree: Tree, split: str = "train") -> list:
-        """The (query, target) index pairs that may be asked, sorted by target then query: target is
-        the query's parent, the query is the rightmost occurrence of its label, and the (target
-        label, query label) pair is allowed in this split."""
+        """(query, target) index pairs that may be asked, by target then query: target the query's
+        parent, query the rightmost of its label, their label pair allowed in this split."""
         if split not in ("train", "dev", "test"):
             raise ValueError(f"split must be 'train', 'dev' or 'test', not {split!r}")
         rightmost = {label: i for i, label in enumerate(tree.labels)}
@@ -1519,25 +1324,21 @@ class ATR:
         for q, (label, t) in enumerate(zip(tree.labels, tree.parent)):
             if t < 0 or rightmost[label] != q:
                 continue
-            if (self.held_out is not None
-                    and self.held_out[tree.labels[t], label] != (split == "test")):
-                continue
-            pairs.append((t, q))
+            if self.held_out is None or self.held_out[tree.labels[t], label] == (split == "test"):
+                pairs.append((t, q))
         return [(q, t) for t, q in sorted(pairs)]
 
     @staticmethod
     def choose_pair(pairs: list, rng: np.random.Generator) -> tuple:
-        """(query, target): the target uniformly among the eligible targets, then the query
-        uniformly among that target's eligible queries (sample_first="target"). Not uniform over
-        pairs: a query whose parent has few eligible children is more likely."""
+        """(query, target): the target uniform among eligible targets, then the query uniform among
+        its eligible queries (sample_first="target"): a query whose parent has few is likelier."""
         targets = sorted({t for _, t in pairs})
         target = targets[rng.integers(len(targets))]
         queries = [q for q, t in pairs if t == target]
         return queries[rng.integers(len(queries))], target
 
     def trees(self, n: int, rng: np.random.Generator, split: str = "train") -> list:
-        """n sentences with their queried pair; sentences that are too short (< 3 terminals), too
-        long, or have no eligible pair are redrawn."""
+        """n sentences and queried pairs (redrawn if < 3 terminals, too long or none eligible)."""
         out = []
         while len(out) < n:
             tree = self.derive(rng)
@@ -1550,8 +1351,7 @@ class ATR:
         return out
 
     def examples(self, trees: list) -> Examples:
-        """Documents <bos> t ... t <eos> t_query t_parent <eos>, right-padded with PAD, and their
-        positions."""
+        """Documents <bos> t ... t <eos> t_query t_parent <eos> (right-padded), with positions."""
         n, first = len(trees), self.first_terminal
         lengths = np.array([len(tree.labels) for tree in trees])  # terminals per sentence
         ids = np.full((n, lengths.max() + 5), PAD, dtype=np.int64)
@@ -1561,42 +1361,30 @@ class ATR:
             row[1:m + 1] = np.add(tree.labels, first)
             row[m + 1:m + 5] = (EOS, first + tree.labels[tree.query],
                                 first + tree.labels[tree.target], EOS)
-        pos = dict(key=1 + np.array([tree.query for tree in trees]),
-                   value=1 + np.array([tree.target for tree in trees]),
-                   divider=lengths + 1, query=lengths + 2, answer=lengths + 3)
-        return Examples(torch.from_numpy(ids),
-                        {k: torch.from_numpy(v).long() for k, v in pos.items()})
+        return Examples.from_numpy(ids, key=1 + np.array([tree.query for tree in trees]),
+                                   value=1 + np.array([tree.target for tree in trees]),
+                                   divider=lengths + 1, query=lengths + 2, answer=lengths + 3)
 
     def sample(self, n: int, rng: np.random.Generator, split: str = "train") -> Examples:
         return self.examples(self.trees(n, rng, split))
 
     def other_token(self, kind: str, tokens: torch.Tensor,
                     rng: np.random.Generator) -> torch.Tensor:
-        """For each token, a uniformly drawn *different* terminal (Keys and Values are both
-        terminals)."""
-        T, first = self.n_terminals, self.first_terminal
-        r = torch.from_numpy(rng.integers(0, T - 1, len(tokens))).to(tokens.device)
-        return first + r + (r >= tokens - first)  # skip the original: uniform over the T - 1 others
+        """For each token, a uniformly drawn *different* terminal (Keys and Values are both)."""
+        return other_than(tokens, self.first_terminal, self.n_terminals, rng)
 
 
-# The paper's three ATR settings (§5.2), as configs in aryamanarora/tinylang, languages/; its
-# generalisation runs use the easy grammar with --held-out 0.2 (pcfg_train_test_split/pcfg.yaml).
-ATR_SETTINGS = {
-    # "Lmax=5, |Σ|=20": pcfg_vary_difficulty/pcfg_5_20
-    "easy": dict(n_terminals=20, max_rhs_len=5),
-    # "Lmax=10, |Σ|=20": pcfg_vary_difficulty/pcfg_10_20
-    "medium": dict(n_terminals=20, max_rhs_len=10),
-    # pcfg_vary_rhs_8192
-    "8192": dict(n_terminals=8192, max_rhs_len=5, terminal_occurrence_factor=20),
+ATR_SETTINGS = {  # the paper's three (§5.2, tinylang's languages/); held out: easy, --held-out 0.2
+    "easy": dict(n_terminals=20, max_rhs_len=5),  # Lmax=5, |Σ|=20: pcfg_vary_difficulty/pcfg_5_20
+    "medium": dict(n_terminals=20, max_rhs_len=10),  # Lmax=10, |Σ|=20: .../pcfg_10_20
+    "8192": dict(n_terminals=8192, max_rhs_len=5,
+                 terminal_occurrence_factor=20),  # pcfg_vary_rhs_8192
 }
 TASKS["atr"] = lambda cfg: ATR(**ATR_SETTINGS[cfg.atr], split=cfg.held_out,
                                grammar_seed=cfg.grammar_seed, max_length=L_MAX - 5)
 
 
-# ------------------------------------------------------------------------------------------------
-# 8. The command line
-# ------------------------------------------------------------------------------------------------
-
+# 8. The command line ----------------------------------------------------------------------------
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit code 2 (argparse would print the whole usage first)
         self.exit(2, f"{self.prog}: error: {message}\n")
@@ -1608,8 +1396,7 @@ def build_parser() -> Parser:
                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for f in dataclasses.fields(Config):
         kind = next((t for t in getattr(f.type, "__args__", (f.type,)) if t is not type(None)))
-        names = [f.metadata["flag"]] if f.metadata["flag"] else []
-        names.append("--" + f.name.replace("_", "-"))
+        names = [n for n in (f.metadata["flag"], "--" + f.name.replace("_", "-")) if n]
         extra = dict(action=argparse.BooleanOptionalAction) if kind is bool else dict(type=kind)
         p.add_argument(*names, dest=f.name, default=argparse.SUPPRESS, help=f.metadata["help"],
                        **extra)
@@ -1634,8 +1421,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 
 def config_id(cfg: Config) -> str:
-    return hashlib.sha1(json.dumps(dataclasses.asdict(cfg),
-                                   sort_keys=True).encode()).hexdigest()[:8]
+    return sha1(json.dumps(dataclasses.asdict(cfg), sort_keys=True).encode()).hexdigest()[:8]
 
 
 def default_out(cfg: Config) -> str:
@@ -1648,24 +1434,21 @@ def default_out(cfg: Config) -> str:
 
 def finished_run(out: str, cfg: Config) -> Optional[dict]:
     """The metrics of the run in `out` if it is finished and has exactly this configuration."""
+    read = lambda name: json.loads(pathlib.Path(out, name).read_text())
     if not os.path.exists(os.path.join(out, "metrics.json")):
         return None
-    with open(os.path.join(out, "config.json")) as f:
-        if json.load(f) != json.loads(json.dumps(dataclasses.asdict(cfg))):
-            return None
-    with open(os.path.join(out, "metrics.json")) as f:
-        return json.load(f)
+    same = read("config.json") == json.loads(json.dumps(dataclasses.asdict(cfg)))
+    return read("metrics.json") if same else None
 
 
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.load:  # analyse a saved run, no training
-        missing = [f for f in ("config.json", "model.pt", "metrics.json")
-                   if not os.path.exists(os.path.join(args.load, f))]
+        need = ("config.json", "model.pt", "metrics.json")
+        missing = ", ".join(f for f in need if not os.path.exists(os.path.join(args.load, f)))
         if missing:
-            parser.error(f"--load {args.load}: no finished run there "
-                         f"({', '.join(missing)} missing)")
+            parser.error(f"--load {args.load}: no finished run there ({missing} missing)")
         if not args.interventions:
             parser.error("--load analyses a saved run: it needs --interventions")
         return analyse_run(args.load, *load_run(args.load))
@@ -1685,25 +1468,21 @@ def main(argv=None):
         return (analyse_run(out, *load_run(out))
                 if args.interventions and "interventions" not in m else m)
     for name in ("checkpoint.pt", "metrics.json") if args.force else ():
-        if os.path.exists(os.path.join(out, name)):
-            os.remove(os.path.join(out, name))
+        pathlib.Path(out, name).unlink(missing_ok=True)
     log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, flush=True))
     try:
         model, m = train(cfg, out, device=args.device, log=log)
     except Diverged as e:
         parser.exit(1, f"{parser.prog}: {e}\n")
-    n = cfg.n_eval
     print(f"{cfg.arch} on {cfg.task}: test accuracy {m['accuracy']:.3f} "
-          f"({round(m['accuracy'] * n)}/{n})"
-          f" after {m['steps']:,} steps in {m['wall_time_s'] / 60:.1f} min ({m['steps_per_s']:.1f} "
-          f"steps/s); saved in {out}")
+          f"({round(m['accuracy'] * cfg.n_eval)}/{cfg.n_eval}) after {m['steps']:,} steps in "
+          f"{m['wall_time_s'] / 60:.1f} min ({m['steps_per_s']:.1f} steps/s); saved in {out}")
     return analyse_run(out, model, cfg) if args.interventions else m
 
 
 if __name__ == "__main__":
     try:
         main()
-    except BrokenPipeError:
-        # output piped into a reader that stopped early, e.g. `| head`: not an error
+    except BrokenPipeError:  # output piped into a reader that stopped early (`| head`): no error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(0)

@@ -6,6 +6,11 @@ fp32 (rtol 6e-4, atol 2e-3) for the output and every gradient, looser for delta 
 and A (1e-3, 5e-3); float64 agrees to round-off. Tests that need the extension skip, with the
 reason, where it cannot be built (no compiler); CUDA tests skip where torch sees no GPU.
 """
+import os
+import shutil
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -465,3 +470,38 @@ def test_ext_double_backward_raises():
     (gu,) = torch.autograd.grad(loss, u, create_graph=True)
     with pytest.raises(RuntimeError, match="differentiate twice"):
         gu.sum().backward()
+
+
+# ── building the extension: a private cache, as a new user's first run ──────────────────────
+
+def test_a_missing_compiler_is_named(monkeypatch, tmp_path):
+    monkeypatch.setenv("MECH_SCAN_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    monkeypatch.setattr(scan_ext, "_module", None)
+    with pytest.raises(RuntimeError, match="scan backend 'ext' is unavailable: no C.. compiler: "
+                                           "'no-such-compiler'"):
+        mech.selective_scan(**small_args(), backend="ext")
+
+
+def test_the_build_is_announced_cached_by_content_and_survives_a_stale_lock(tmp_path):
+    """A build killed half way leaves torch's lock file behind: the next run must not wait on it
+    forever. The build is announced once; a second checkout of the same sources reuses it."""
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        pytest.skip("no C++ compiler")
+    env = dict(os.environ, MECH_SCAN_CACHE=str(tmp_path / "cache"))
+    checkouts = [tmp_path / "a", tmp_path / "b"]
+    for c in checkouts:
+        shutil.copytree(os.path.dirname(scan_ext.__file__), c / "scan_ext",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    load = "import scan_ext; print(scan_ext.load().__file__)"
+    folder = subprocess.run([sys.executable, "-c", "import scan_ext, torch; print(scan_ext."
+                             "cache_dir(torch.cuda.is_available()))"], cwd=checkouts[0], env=env,
+                            capture_output=True, text=True, check=True).stdout.strip()
+    os.makedirs(folder)
+    open(os.path.join(folder, "lock"), "w").close()  # the stale lock of a killed build
+    runs = [subprocess.run([sys.executable, "-c", load], cwd=c, env=env, capture_output=True,
+                           text=True, timeout=600) for c in checkouts]
+    assert all(r.returncode == 0 for r in runs), [r.stderr for r in runs]
+    assert runs[0].stdout == runs[1].stdout and runs[0].stdout.startswith(folder)
+    assert runs[0].stderr.count("building the selective-scan kernel") == 1, runs[0].stderr
+    assert "building" not in runs[1].stderr, runs[1].stderr
