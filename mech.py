@@ -6,12 +6,10 @@ H3, Hyena, Mamba, DeltaNet) on Associative Recall (AR: output the value of a rep
 key-value pairs) and Associative Treecall (ATR: recall a word's parent in a sentence of a random
 tree grammar), then asks *how* each model solved the task with interchange interventions. This file
 holds all of it, read top to bottom along one AR document, from its tokens to the verdict:
-
     1. the first task: Associative Recall       5. training (AdamW, warmup + schedule, evaluation)
     2. building blocks (MLP, causal convs)      6. interventions (the mechanistic evaluation)
     3. the seven sequence mixers                7. the second task: Associative Treecall
     4. blocks and the language model            8. the command line
-
 Every sequence mixer maps (B, L, d) -> (B, L, d) and sits in a residual block,
     Block(x) = x + mixer(norm(x)), then x + MLP(norm(x))     (Mamba blocks have no MLP),
 so that "the residual stream entering layer l" is a plain tensor that can be read and patched.
@@ -44,63 +42,61 @@ Glossary (code name: paper notation, meaning)
     beta, S            β, S: DeltaNet's write strength and fast-weight state
     max_rhs_len        Lmax: ATR rules have 1 .. Lmax-1 children plus a head word
     n_terminals        |Σ|: ATR's word vocabulary (20 or 8192)
-
 Run it:
     python mech.py --arch mamba --task ar --dconv 4         # CPU preset: ~7 min on 2 cores
     python mech.py --arch based --task atr --atr easy       # Associative Treecall
     python mech.py --preset paper --arch based --lr 1e-3    # the paper's exact protocol
     python mech.py --load runs/<run> --interventions        # analyse a saved run again
-    python figures/experiments.py --sweep ar-dconv --jobs 2 # a sweep of the paper, 3 seeds
-"""
+    python figures/experiments.py --sweep ar-dconv --jobs 2 # a sweep of the paper, 3 seeds"""
 
 import argparse
 import contextlib
 import dataclasses
+import fcntl
 import json
 import math
 import os
 import pathlib
-import sys
+import pickle
+import signal
 import time
 import zlib
 from bisect import bisect_right
 from hashlib import sha1
-from typing import Optional
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from numpy.random import Generator
 
 import scan_ext
 
 PAD, BOS, EOS = 0, 1, 2  # the special tokens of both tasks
 L_MAX = 1024  # n_positions: the largest sequence; also the time grid of the implicit filters and H3
 SCAN_BACKENDS = ("auto", "ext", "ref")  # Mamba's selective scan: see selective_scan
+TASKS = {"ar": lambda cfg: AR(cfg.num_kv, cfg.n_pairs)}  # name -> Config -> task; ATR: section 7
 
 
 # 1. The first task: Associative Recall (AR) -----------------------------------------------------
 # A task makes documents (token ids with named positions: Key, Value, Query, ...) from a numpy RNG;
 # the rest of the file sees only that interface, so the second task (ATR, section 7) plugs in.
-def rng_for(seed: int, stream: str) -> np.random.Generator:
+def rng_for(seed: int, stream: str) -> Generator:
     """An independent, reproducible numpy RNG per (seed, purpose): train data, test data, ..."""
     return np.random.default_rng([seed, zlib.crc32(stream.encode())])
 
 
-def distinct_ints(rng: np.random.Generator, n: int, k: int, high: int) -> np.ndarray:
+def distinct_ints(rng: Generator, n: int, k: int, high: int) -> np.ndarray:
     """(n, k): each row k distinct integers drawn uniformly from [0, high), in random order."""
     if k * k > 2 * high:  # repeats would be common: the first k of a shuffle of the small range
         return np.argsort(rng.random((n, high)), axis=1)[:, :k]
-    x = rng.integers(0, high, (n, k))
-    while True:  # redraw the rows that hold a repeat (about 3% of them for 16 keys out of 4096)
-        s = np.sort(x, axis=1)
-        bad = (s[:, 1:] == s[:, :-1]).any(axis=1)
-        if not bad.any():
-            return x
+    x = rng.integers(0, high, (n, k))  # then redraw the rows with a repeat (~3% for 16 of 4096)
+    while (bad := (np.diff(np.sort(x, axis=1), axis=1) == 0).any(axis=1)).any():
         x[bad] = rng.integers(0, high, (int(bad.sum()), k))
+    return x
 
 
-def other_than(tokens: torch.Tensor, first: int, n: int, rng: np.random.Generator) -> torch.Tensor:
+def other_than(tokens: torch.Tensor, first: int, n: int, rng: Generator) -> torch.Tensor:
     """For each of the tokens (ids in first .. first+n-1), another id of that range, uniformly."""
     r = torch.from_numpy(rng.integers(0, n - 1, len(tokens))).to(tokens.device)
     return first + r + (r >= tokens - first)  # skip the original: uniform over the n - 1 others
@@ -142,40 +138,30 @@ class AR:
     key/value tokens, are paired in order: no global key -> value map, the association exists only
     in context; the model sees k_i after the divider and must output v_i. Vocabulary: PAD 0, BOS 1,
     EOS 2, keys, values, one unused id: V = num_kv + 4 = 8196, as officially (parameter counts too).
-    Official implementation: aryamanarora/tinylang, tinylang/language/ar.py (class AR), config
-    languages/ar_vary_kv/ar_32.yaml.
+    Official implementation: tinylang/language/ar.py (class AR), languages/ar_vary_kv/ar_32.yaml.
     Differences: numpy's PCG64, not the official torch/numpy/random calls: the same distribution."""
     def __init__(self, num_kv: int = 8192, n_pairs: int = 16):
         self.n_keys, self.n_pairs = num_kv // 2, n_pairs  # keys and values each get half of num_kv
         self.first_key, self.first_value = 3, 3 + self.n_keys
         self.vocab_size, self.length = num_kv + 4, 2 * n_pairs + 5
 
-    def sample(self, n: int, rng: np.random.Generator, split: str = "train") -> Examples:
+    def sample(self, n: int, rng: Generator, split: str = "train") -> Examples:
         """n documents. AR has no held-out split: train and test documents differ by their rng."""
         P, L = self.n_pairs, self.length
         keys = self.first_key + distinct_ints(rng, n, P, self.n_keys)        # (n, P)
         values = self.first_value + distinct_ints(rng, n, P, self.n_keys)    # (n, P)
-        i = rng.integers(0, P, n)                                            # queried pair
-        rows = np.arange(n)
+        i, rows = rng.integers(0, P, n), np.arange(n)                        # queried pair, rows
         ids = np.empty((n, L), dtype=np.int64)
-        ids[:, 0] = BOS
-        ids[:, 1:2 * P + 1:2] = keys
-        ids[:, 2:2 * P + 2:2] = values
-        ids[:, 2 * P + 1] = EOS                   # divider
-        ids[:, 2 * P + 2] = keys[rows, i]         # Query
-        ids[:, 2 * P + 3] = values[rows, i]       # answer
-        ids[:, 2 * P + 4] = EOS
+        ids[:, 1:2 * P + 1:2], ids[:, 2:2 * P + 2:2] = keys, values
+        ids[:, 0], ids[:, [2 * P + 1, 2 * P + 4]] = BOS, EOS  # the start; the divider, the end
+        ids[:, 2 * P + 2], ids[:, 2 * P + 3] = keys[rows, i], values[rows, i]  # Query, answer
         return Examples.from_numpy(ids, key=2 * i + 1, value=2 * i + 2, divider=np.full(n, L - 4),
                                    query=np.full(n, L - 3), answer=np.full(n, L - 2))
 
-    def other_token(self, kind: str, tokens: torch.Tensor,
-                    rng: np.random.Generator) -> torch.Tensor:
+    def other_token(self, kind: str, tokens: torch.Tensor, rng: Generator) -> torch.Tensor:
         """Per token, a uniform *different* token of its kind ("key" or "value"): counterfactual."""
         first = {"key": self.first_key, "value": self.first_value}[kind]
         return other_than(tokens, first, self.n_keys, rng)
-
-
-TASKS = {"ar": lambda cfg: AR(cfg.num_kv, cfg.n_pairs)}  # name -> Config -> task; ATR: section 7
 
 
 def make_task(cfg: "Config"):
@@ -227,8 +213,7 @@ def causal_long_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 def filter_time_grid():
     """The implicit filters' input z (L_MAX, 3), one band f = 1e-4 (in effect, normalised time):
     z_j = [t_j, cos(2π f j / L_MAX), -sin(2π f j / L_MAX)], t_j = j / (L_MAX-1), returned as t."""
-    t = torch.linspace(0, 1, L_MAX)
-    w = 2 * math.pi * torch.arange(L_MAX) / L_MAX * 1e-4
+    t, w = torch.linspace(0, 1, L_MAX), 2 * math.pi * torch.arange(L_MAX) / L_MAX * 1e-4
     return torch.stack([t, torch.cos(w), -torch.sin(w)], dim=-1), t
 
 
@@ -249,8 +234,7 @@ class Attention(nn.Module):
         scores = q @ k.transpose(-2, -1) / math.sqrt(d // h)                       # (B, h, L, L)
         future = torch.ones(L, L, dtype=torch.bool, device=x.device).triu(1)
         att = scores.masked_fill(future, float("-inf")).softmax(dim=-1)
-        y = (att @ v).transpose(1, 2).reshape(B, L, d)                             # (B, L, d)
-        return self.out_proj(y)
+        return self.out_proj((att @ v).transpose(1, 2).reshape(B, L, d))           # (B, L, d)
 
 
 class ImplicitLongConv(nn.Module):
@@ -262,15 +246,14 @@ class ImplicitLongConv(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(3, 16), nn.ReLU(), nn.Linear(16, d))
 
     def forward(self, u):                                   # u: (B, L, d)
-        k = self.mlp(self.z[:u.shape[1]]).T                 # (d, L)
-        return causal_long_conv(u, k) + u
+        return causal_long_conv(u, self.mlp(self.z[:u.shape[1]]).T) + u  # the filter: (d, L)
 
 
 class BaseConv(nn.Module):
     """BaseConv, a gated convolution with its own skip: y = conv(u) ⊙ (W u + b) + u, where conv
     is a short causal conv (width k) or, for width None, an implicit long conv.
     Official implementation: aryamanarora/zoology, zoology/mixers/base_conv.py (BaseConv)."""
-    def __init__(self, d: int, width: Optional[int]):
+    def __init__(self, d: int, width: int | None):
         super().__init__()
         self.projection = nn.Linear(d, d)
         self.conv = CausalConv1d(d, width) if width else ImplicitLongConv(d)
@@ -293,12 +276,10 @@ class TaylorLinearAttention(nn.Module):
         self.proj_v, self.proj_o = (nn.Linear(d, d, bias=False) for _ in range(2))
 
     def forward(self, x):
-        L = x.shape[1]
         q, k, v = self.proj_q(x), self.proj_k(x), self.proj_v(x)  # (B, L, f), (B, L, f), (B, L, d)
         s = q @ k.transpose(1, 2) / math.sqrt(self.feature_dim)   # (B, L, L)
         A = (1 + s + s * s / 2).tril()                            # φ(q_n)·φ(k_m) for m <= n
-        y = (A @ v) / (A.sum(-1, keepdim=True) + self.eps)        # (B, L, d)
-        return self.proj_o(y)
+        return self.proj_o((A @ v) / (A.sum(-1, keepdim=True) + self.eps))  # proj_o of (B, L, d)
 
 
 class H3(nn.Module):
@@ -320,15 +301,13 @@ class H3(nn.Module):
         self.shift_B = nn.Parameter(F.one_hot(torch.zeros(d, dtype=torch.long), N).float())
         self.shift_C = nn.Parameter(torch.empty(d, N).uniform_(-1 / math.sqrt(N), 1 / math.sqrt(N)))
         self.shift_D = nn.Parameter(torch.randn(d))
-        # diagonal SSM: N/2 complex modes per head, complex tensors stored as (..., 2) real pairs
-        H, M = self.H, N // 2
+        H, M = self.H, N // 2  # diagonal SSM: M = N/2 complex modes per head, as (..., 2) reals
         self.log_dt = nn.Parameter(torch.empty(H).uniform_(math.log(1e-3), math.log(1e-1)))
         self.inv_A_real = nn.Parameter(torch.full((H, M), math.log(0.5)))         # Re A = -exp(.)
         self.A_imag = nn.Parameter(math.pi * torch.arange(M).float().repeat(H, 1))
         self.B = nn.Parameter(torch.view_as_real(torch.ones(H, M, dtype=torch.cfloat)).clone())
         self.C = nn.Parameter(torch.view_as_real(torch.randn(H, M, dtype=torch.cfloat)).clone())
-        self.D = nn.Parameter(torch.randn(H))
-        self.output_linear = nn.Linear(d, d)
+        self.D, self.output_linear = nn.Parameter(torch.randn(H)), nn.Linear(d, d)
 
     def shift_kernel(self, L):  # (d, L): K[c, l] = Σ_j B[c, j] C[c, j + l], by FFT
         N = self.shift_B.shape[1]  # zero-padded to 2N, so that the FFT's wrap-around adds nothing
@@ -338,8 +317,7 @@ class H3(nn.Module):
 
     def diag_kernel(self, L):   # (H, L), S4D with bilinear discretisation
         dt = self.log_dt.exp()[:, None]                                         # (H, 1)
-        A = torch.complex(-self.inv_A_real.exp(), self.A_imag)                  # (H, N/2)
-        dtA = A * dt
+        dtA = torch.complex(-self.inv_A_real.exp(), self.A_imag) * dt           # ΔA: (H, N/2)
         dA = (1 + dtA / 2) / (1 - dtA / 2)
         C = torch.view_as_complex(self.B) * torch.view_as_complex(self.C) * dt / (1 - dtA / 2)
         # The Vandermonde sum without an (H, N/2, L) table of powers (the plain form, the tests'
@@ -349,10 +327,8 @@ class H3(nn.Module):
         s = math.isqrt(L - 1) + 1
         J = -(-L // s)
         log_r, theta = dA.abs().log()[..., None], dA.angle()[..., None]          # (H, N/2, 1)
-
-        def powers(exponents):  # dA^l for each l in exponents: real, imaginary parts (H, N/2, len)
-            mag, ang = torch.exp(exponents * log_r), exponents * theta
-            return mag * torch.cos(ang), mag * torch.sin(ang)
+        polar = lambda mag, ang: (mag * torch.cos(ang), mag * torch.sin(ang))  # real, imaginary
+        powers = lambda e: polar(torch.exp(e * log_r), e * theta)  # dA^e for each e: (H, N/2, len)
         small_re, small_im = powers(torch.arange(s, device=dt.device))           # dA^i, i < s
         big_re, big_im = powers(s * torch.arange(J, device=dt.device))           # dA^(s j), j < J
         Cr, Ci = C.real[..., None], C.imag[..., None]
@@ -361,8 +337,7 @@ class H3(nn.Module):
         return K.flatten(1)[:, :L]
 
     def forward(self, u):
-        B, L, d = u.shape
-        p, H = self.p, self.H
+        (B, L, d), p, H = u.shape, self.p, self.H
         q, k, v = self.q_proj(u), self.k_proj(u), self.v_proj(u)              # (B, L, d) each
         k = causal_long_conv(k, self.shift_kernel(L)) + self.shift_D * k
         # (B, L, p, H), heads last and contiguous: with p = 2 innermost, elementwise ops would crawl
@@ -396,23 +371,20 @@ class HyenaFilter(nn.Module):
         h = self.z[:L]                                           # (L, 3)
         for lin in self.lin:
             h = torch.sin(self.omega * lin(h))                   # (L, order)
-        h = self.out(h) * torch.exp(-self.t[:L, None] * self.deltas.abs())  # (L, d)
-        return h.T                                               # (d, L)
+        return (self.out(h) * torch.exp(-self.t[:L, None] * self.deltas.abs())).T  # (d, L)
 
 
 class Hyena(nn.Module):
     """Hyena of order 2 (1 head):
         x1, x2, v = split(short_conv_3(in_proj(u)))         width-3 causal conv on all 3d channels
-        v = x2 ⊙ (h * (x1 ⊙ v) + D ⊙ (x1 ⊙ v))               implicit long filter h, skip D
-        y = out_proj(v)
+        v = x2 ⊙ (h * (x1 ⊙ v) + D ⊙ (x1 ⊙ v));   y = out_proj(v)  implicit filter h, skip D
     Official implementation: aryamanarora/zoology, zoology/mixers/hyena.py (Hyena, Filter).
     Quirk: the official bias=False, passed to the Filter, zeroes D; --no-hyena-d-skip does too."""
     def __init__(self, d: int, d_skip: bool = True, filter_order: int = 64):
         super().__init__()
         self.in_proj, self.short_filter = nn.Linear(d, 3 * d), CausalConv1d(3 * d, 3)
         self.filter = HyenaFilter(d, filter_order)
-        self.D, self.d_skip = nn.Parameter(torch.randn(d)), d_skip
-        self.out_proj = nn.Linear(d, d)
+        self.D, self.d_skip, self.out_proj = nn.Parameter(torch.randn(d)), d_skip, nn.Linear(d, d)
 
     def forward(self, u):
         x1, x2, v = self.short_filter(self.in_proj(u)).chunk(3, dim=-1)    # (B, L, d) each
@@ -421,46 +393,60 @@ class Hyena(nn.Module):
         return self.out_proj(v * x2)
 
 
-def selective_scan_ref(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False):
+def selective_scan_ref(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
+                       return_last_state=False):
     """Mamba's selective scan as a loop over time in fp32 (or fp64), with the signature, shapes and
     semantics of mamba-ssm's selective_scan_ref (mamba_ssm/ops/selective_scan_interface.py):
         u, delta, z: (b, d, l)   A: (d, n)   B, C: (b, n, l)   D, delta_bias: (d,)   -> (b, d, l)
         Δ = softplus(delta + delta_bias)   (softplus only if delta_softplus)
         h_t = exp(Δ_t A) ⊙ h_{t-1} + Δ_t u_t B_t          h_{-1} = 0, state (b, d, n)
-        y_t = C_t · h_t + D u_t
-        out = y ⊙ SiLU(z)                                  (if z is given)"""
-    dtype = u.dtype
+        y_t = C_t · h_t + D u_t;   out = y ⊙ SiLU(z)         (the latter if z is given)
+    Its other forms too: B or C constant over time, (d, n), or grouped, (b, g, n, l) with d/g
+    channels per group; return_last_state returns (out, h_{l-1}). Real A only."""
+    dtype, (b, d, l) = u.dtype, u.shape
     up = lambda x: None if x is None else x.to(torch.promote_types(x.dtype, torch.float32))
     u, delta, A, B, C, D, z, delta_bias = map(up, (u, delta, A, B, C, D, z, delta_bias))
-    if delta_bias is not None:
-        delta = delta + delta_bias[:, None]
-    if delta_softplus:
-        delta = F.softplus(delta)                                   # threshold 20, as upstream
+    delta = delta if delta_bias is None else delta + delta_bias[:, None]
+    delta = F.softplus(delta) if delta_softplus else delta          # threshold 20, as upstream
     decay = torch.exp(delta[..., None] * A[:, None, :])             # (b, d, l, n): exp(Δ_t A)
-    write = (delta * u)[..., None] * B.transpose(1, 2)[:, None]     # (b, d, l, n): Δ_t u_t B_t
-    h = u.new_zeros(u.shape[0], u.shape[1], A.shape[1])             # (b, d, n)
-    ys = []
+    write = (delta * u)[..., None] * per_step(B, d, l)              # (b, d, l, n): Δ_t u_t B_t
+    h, ys = u.new_zeros(b, d, A.shape[1]), []                       # state (b, d, n), outputs
     # unbind, not [:, :, t]: the backward of indexing builds a full-size zero tensor at every step
-    for decay_t, write_t, C_t in zip(decay.unbind(2), write.unbind(2), C.unbind(2)):
+    for decay_t, write_t, C_t in zip(decay.unbind(2), write.unbind(2), per_step(C, d, l).unbind(2)):
         h = decay_t * h + write_t
-        ys.append(torch.einsum("bdn,bn->bd", h, C_t))
+        ys.append((h * C_t).sum(-1))
     y = torch.stack(ys, dim=-1) if ys else u.new_zeros(u.shape)    # (b, d, l)
-    if D is not None:
-        y = y + D[:, None] * u
-    if z is not None:
-        y = y * F.silu(z)
-    return y.to(dtype)
+    y = y if D is None else y + D[:, None] * u
+    y = y if z is None else y * F.silu(z)
+    return (y.to(dtype), h) if return_last_state else y.to(dtype)
+
+
+def per_step(X: torch.Tensor, d: int, l: int) -> torch.Tensor:
+    """B or C as (b or 1, d or 1, l, n), from (b, n, l), constant (d, n) or grouped (b, g, n, l)."""
+    if X.dim() == 2:
+        return X[None, :, None, :].expand(1, d, l, X.shape[1])
+    if X.dim() == 3:
+        return X.transpose(1, 2)[:, None]
+    if d % X.shape[1]:
+        raise ValueError(f"selective_scan: {X.shape[1]} groups do not divide {d} channels")
+    return X.transpose(2, 3).repeat_interleave(d // X.shape[1], dim=1)
 
 
 def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
-                   backend="auto"):
+                   return_last_state=False, backend="auto"):
     """selective_scan_ref's maths on a backend: "ref" the loop above (the oracle), "ext" scan_ext/'s
-    compiled C++/CUDA kernel (an error if it cannot be built), "auto" the kernel, else the loop."""
+    compiled C++/CUDA kernel (an error if it cannot be built), "auto" the kernel, else the loop. The
+    kernel takes Mamba's form only (B, C: (b, n, l), no return_last_state; "ext" refuses others)."""
     if backend not in SCAN_BACKENDS:
         raise ValueError(f"selective_scan: unknown backend {backend!r}; "
                          f"choose from {', '.join(SCAN_BACKENDS)}")
-    fast = scan_ext.kernel(u.device, required=backend == "ext") if backend != "ref" else None
-    return (fast or selective_scan_ref)(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
+    kernel_form = B.dim() == C.dim() == 3 and not return_last_state
+    if backend == "ext" and not kernel_form:
+        raise ValueError("selective_scan: backend 'ext' takes B and C of shape (b, n, l) and no "
+                         "return_last_state; use backend 'ref' or 'auto' for the other forms")
+    fast = backend != "ref" and kernel_form and scan_ext.kernel(u.device, required=backend == "ext")
+    args = (u, delta, A, B, C, D, z, delta_bias, delta_softplus)
+    return fast(*args) if fast else selective_scan_ref(*args, return_last_state)
 
 
 class Mamba(nn.Module):
@@ -478,23 +464,19 @@ class Mamba(nn.Module):
     def __init__(self, d: int, d_conv: int = 4, d_state: int = 16, expand: int = 2,
                  scan: str = "auto", dt_min: float = 1e-3, dt_max: float = 0.1):
         super().__init__()
-        self.d_inner, self.d_state, self.dt_rank = expand * d, d_state, math.ceil(d / 16)
-        self.scan = scan
-        D_in, N, R = self.d_inner, d_state, self.dt_rank
+        D_in, N, R = expand * d, d_state, math.ceil(d / 16)
+        self.d_inner, self.d_state, self.dt_rank, self.scan = D_in, N, R, scan
         self.in_proj = nn.Linear(d, 2 * D_in, bias=False)
         self.conv_in, self.conv_out, self.act_out = nn.Identity(), nn.Identity(), nn.Identity()
         self.conv1d = short_conv(D_in, d_conv, bias=True)
         self.x_proj = nn.Linear(D_in, R + 2 * N, bias=False)
-        self.dt_proj = nn.Linear(R, D_in, bias=True)
-        self.out_proj = nn.Linear(D_in, d, bias=False)
+        self.dt_proj, self.out_proj = nn.Linear(R, D_in, bias=True), nn.Linear(D_in, d, bias=False)
         # Mamba's own init: Δ log-uniform in [dt_min, dt_max] (softplus⁻¹ of it as the bias), A
         # S4D-real (A_n = -(n+1)), D = 1. The generic re-init (init_weights) skips dt_proj.bias.
         nn.init.uniform_(self.dt_proj.weight, -R ** -0.5, R ** -0.5)
         dt = torch.exp(torch.rand(D_in) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
         dt = dt.clamp(min=1e-4)
-        with torch.no_grad():
-            self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus⁻¹(dt)
-        self.dt_proj.bias._no_reinit = True
+        self.dt_proj.bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus⁻¹(dt)
         self.A_log = nn.Parameter(torch.log(torch.arange(1, N + 1.0)).repeat(D_in, 1))  # (D_in, N)
         self.D = nn.Parameter(torch.ones(D_in))
 
@@ -502,8 +484,7 @@ class Mamba(nn.Module):
         x, z = self.in_proj(u).chunk(2, dim=-1)                   # (B, L, D_in) each
         x = self.act_out(F.silu(self.conv_out(self.conv1d(self.conv_in(x)))))
         dt, B, C = self.x_proj(x).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
-        dt = dt @ self.dt_proj.weight.T                           # (B, L, D_in); bias in the scan
-        A = -torch.exp(self.A_log)                                # (D_in, N)
+        dt, A = dt @ self.dt_proj.weight.T, -torch.exp(self.A_log)  # (B, L, D_in), (D_in, N)
         x, dt, B, C, z = (t.transpose(1, 2) for t in (x, dt, B, C, z))  # (B, channels, L)
         y = selective_scan(x, dt, A, B, C, self.D, z, delta_bias=self.dt_proj.bias,
                            delta_softplus=True, backend=self.scan)  # (B, D_in, L)
@@ -536,9 +517,8 @@ class DeltaNet(nn.Module):
     Differences: fp32 (v3 code casts to bf16 for Triton); an exact triangular solve, no Triton."""
     def __init__(self, d: int, n_head: int = 1, d_conv: int = 4):
         super().__init__()
-        self.n_head = n_head
         self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d, d, bias=False) for _ in range(3))
-        self.b_proj = nn.Linear(d, n_head, bias=False)
+        self.b_proj, self.n_head = nn.Linear(d, n_head, bias=False), n_head
         self.q_conv1d, self.k_conv1d, self.v_conv1d = (short_conv(d, d_conv, bias=False)
                                                        for _ in range(3))
         self.o_norm, self.o_proj = nn.RMSNorm(d // n_head, eps=1e-5), nn.Linear(d, d, bias=False)
@@ -560,15 +540,12 @@ class Block(nn.Module):
     """A pre-norm residual block that maps the residual stream to the residual stream."""
     def __init__(self, d: int, mixer: nn.Module, mamba: bool):
         super().__init__()
-        self.norm1 = nn.RMSNorm(d, eps=1e-5) if mamba else nn.LayerNorm(d)
-        self.mixer = mixer
+        self.norm1, self.mixer = (nn.RMSNorm(d, eps=1e-5) if mamba else nn.LayerNorm(d)), mixer
         self.norm2, self.mlp = (None, None) if mamba else (nn.LayerNorm(d), MLP(d))  # Mamba: no MLP
 
     def forward(self, x):                      # x: (B, L, d)
         x = x + self.mixer(self.norm1(x))      # sequence mixing
-        if self.mlp is not None:
-            x = x + self.mlp(self.norm2(x))    # per-position MLP
-        return x
+        return x if self.mlp is None else x + self.mlp(self.norm2(x))  # per-position MLP
 
 
 # arch -> (cfg, layer index) -> mixer. The hybrids alternate by layer as zoology's Hybrid: BaseConv
@@ -582,8 +559,7 @@ MIXERS = {
     "h3": lambda cfg, i: H3(cfg.d_model),
     "hyena": lambda cfg, i: Hyena(cfg.d_model, d_skip=cfg.hyena_d_skip),
     "mamba": lambda cfg, i: Mamba(cfg.d_model, d_conv=cfg.d_conv, scan=cfg.scan),
-    "delta_net": lambda cfg, i: DeltaNet(cfg.d_model, cfg.n_head, d_conv=cfg.d_conv),
-}
+    "delta_net": lambda cfg, i: DeltaNet(cfg.d_model, cfg.n_head, d_conv=cfg.d_conv)}
 DEFAULT_DCONV = {"mamba": 4, "delta_net": 4, "based": 3}  # archs whose short conv --dconv sets
 
 
@@ -592,8 +568,7 @@ class LanguageModel(nn.Module):
     output head tied to the token embedding. Official: tinylang/model/arch/zoology.py (tinylang)."""
     def __init__(self, cfg: "Config", vocab_size: int):
         super().__init__()
-        d = cfg.d_model
-        self.tok_emb = nn.Embedding(vocab_size, d)
+        d, self.tok_emb = cfg.d_model, nn.Embedding(vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(L_MAX, d) if cfg.pos_emb else None
         self.blocks = nn.ModuleList(Block(d, MIXERS[cfg.arch](cfg, i), mamba=cfg.arch == "mamba")
                                     for i in range(cfg.n_layer))
@@ -606,12 +581,10 @@ class LanguageModel(nn.Module):
         if ids.shape[1] > L_MAX:
             raise ValueError(f"sequence length {ids.shape[1]} exceeds the model's maximum {L_MAX}")
         x = self.tok_emb(ids)                                               # (B, L, d)
-        if self.pos_emb is not None:
-            x = x + self.pos_emb.weight[:ids.shape[1]]
+        x = x if self.pos_emb is None else x + self.pos_emb.weight[:ids.shape[1]]
         for block in self.blocks:
             x = block(x)                                                    # (B, L, d)
-        if at is not None:
-            x = x[torch.arange(len(x), device=x.device), at]                # (B, d)
+        x = x if at is None else x[torch.arange(len(x), device=x.device), at]  # (B, d) if `at`
         return F.linear(self.norm_f(x), self.tok_emb.weight)                # (B, [L,] V), tied head
 
 
@@ -623,19 +596,15 @@ def init_weights(model: nn.Module, cfg: "Config"):
     biases (but dt_proj.bias), PyTorch's Linear weights, out_proj kaiming-uniform / √n_layer."""
     mamba = cfg.arch == "mamba"
     rescaled = ("out_proj.weight", "fc2.weight", "output_linear.0.weight")  # zoology's name rule
-    for m in model.modules():
-        if isinstance(m, nn.Linear):
-            if not mamba:
-                nn.init.normal_(m.weight, std=0.02)
-            if m.bias is not None and not getattr(m.bias, "_no_reinit", False):
-                nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.Embedding):
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Embedding) or isinstance(m, nn.Linear) and not mamba:
             nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None and not name.endswith("dt_proj"):
+            nn.init.zeros_(m.bias)
     for name, p in model.named_parameters():
         if mamba and name.endswith("out_proj.weight"):
             nn.init.kaiming_uniform_(p, a=math.sqrt(5))
-            with torch.no_grad():
-                p /= math.sqrt(cfg.n_layer)
+            p.data /= math.sqrt(cfg.n_layer)  # .data: an init, not a step autograd should see
         elif not mamba and name.endswith(rescaled):
             nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.n_layer))
 
@@ -656,9 +625,9 @@ class Config:
     d_model: int = opt(64, "model width d (paper grid: 16, 32, 64, 128, 256)")
     n_layer: int = opt(2, "number of blocks (the paper: 2; appendix: 1 and 3)", "--layers")
     n_head: int = opt(1, "attention / DeltaNet heads (the paper: 1)", "--heads")
-    pos_emb: Optional[bool] = opt(None, "learned position embedding (default: attention only)")
-    d_conv: Optional[int] = opt(None, "short-conv width (0 = none) of mamba, delta_net (4), based "
-                                      "and base_conv (3)", "--dconv")
+    pos_emb: bool | None = opt(None, "learned position embedding (default: attention only)")
+    d_conv: int | None = opt(None, "short-conv width (0 = none) of mamba, delta_net (4), based "
+                                   "and base_conv (3)", "--dconv")
     long_conv: bool = opt(False, "based / base_conv: the implicit long conv for the short one")
     hyena_d_skip: bool = opt(True, "Hyena's D skip (the official runs had it zeroed by a bug)")
     value_corruption: str = opt("value", "a corrupted Value becomes a value, or a key (official)")
@@ -669,33 +638,31 @@ class Config:
     held_out: float = opt(0.0, "ATR: fraction of label pairs asked only by test documents")
     grammar_seed: int = opt(42, "ATR: seed of the grammar (42: the official grammars)")
     n_train: int = opt(100_032, "training documents, generated once and replayed every epoch")
-    fresh_data: Optional[bool] = opt(None, "a fresh batch every step instead of the fixed set")
-    bucket: Optional[int] = opt(None, "batch documents by length in windows of this many batches")
+    fresh_data: bool | None = opt(None, "a fresh batch every step instead of the fixed set")
+    bucket: int | None = opt(None, "batch documents by length in windows of this many batches")
     n_eval: int = opt(320, "test documents evaluated (the paper: the first 320)")
-    steps: Optional[int] = opt(None, "optimizer steps (wins over --epochs)")  # -- optimisation
-    epochs: Optional[int] = opt(None, "passes over the training set, if --steps is not given")
+    steps: int | None = opt(None, "optimizer steps (wins over --epochs)")  # -- optimisation
+    epochs: int | None = opt(None, "passes over the training set, if --steps is not given")
     batch_size: int = opt(32, "training batch size")
-    lr: Optional[float] = opt(None, "peak learning rate (paper grid: 3e-5 .. 3e-2)")
+    lr: float | None = opt(None, "peak learning rate (paper grid: 3e-5 .. 3e-2)")
     warmup_frac: float = opt(0.1, "fraction of the steps spent in linear warmup")
-    schedule: Optional[str] = opt(None, "after warmup: cosine, linear, or wsd (hold, then decay)")
+    schedule: str | None = opt(None, "after warmup: cosine, linear, or wsd (hold, then decay)")
     decay_frac: float = opt(0.2, "wsd: fraction of the steps spent decaying at the end")
     weight_decay: float = opt(0.0, "AdamW weight decay (the paper: 0)")
-    eval_every: Optional[int] = opt(None, "steps between evaluations on the test documents")
+    eval_every: int | None = opt(None, "steps between evaluations on the test documents")
     seed: int = opt(42, "seed for the data and the initial weights")
 
     def __post_init__(self):
         if self.preset not in PRESETS:
             raise ValueError(f"unknown preset {self.preset!r}; choose from {', '.join(PRESETS)}")
         arch_defaults = dict(pos_emb=self.arch == "attention", d_conv=DEFAULT_DCONV.get(self.arch))
-        for name, value in {**arch_defaults, **PRESETS[self.preset](self)}.items():
-            if getattr(self, name) is None:
-                setattr(self, name, value)
+        defaults = {**arch_defaults, **PRESETS[self.preset](self)}  # for the fields left None
+        vars(self).update({name: v for name, v in defaults.items() if getattr(self, name) is None})
         check(self)
 
     @property
     def total_steps(self) -> int:
-        return (self.steps if self.steps is not None
-                else self.epochs * (self.n_train // self.batch_size))
+        return self.epochs * (self.n_train // self.batch_size) if self.steps is None else self.steps
 
 
 def paper_preset(cfg: Config) -> dict:
@@ -732,45 +699,40 @@ def check(cfg: Config):
     def need(ok, msg):
         if not ok:
             raise ValueError(msg)
+    c, d, P = cfg, cfg.d_model, cfg.n_pairs  # short names, so that most checks fit one line
     for name, allowed in (("task", TASKS), ("arch", MIXERS), ("atr", ATR_SETTINGS),
                           ("scan", SCAN_BACKENDS), ("value_corruption", ("value", "key")),
                           ("schedule", ("cosine", "linear", "wsd"))):
-        value = getattr(cfg, name)
+        value = getattr(c, name)
         need(value in allowed, f"unknown {name} {value!r}; choose from {', '.join(allowed)}")
     for name in ("d_model", "n_layer", "n_head", "batch_size", "n_eval", "eval_every", "steps",
-                 "epochs"):
-        value = getattr(cfg, name)
-        need(value is None or value >= 1, f"{name} must be >= 1, got {value}")
-    need(cfg.bucket >= 0, f"bucket must be >= 0, got {cfg.bucket}")
-    need(cfg.d_model % cfg.n_head == 0,
-         f"d_model {cfg.d_model} is not divisible by n_head {cfg.n_head}")
-    need(cfg.n_head == 1 or cfg.arch in ("attention", "delta_net"),
-         f"n_head {cfg.n_head}: only attention and delta_net have heads (use 1 for {cfg.arch})")
-    need(cfg.arch != "h3" or cfg.d_model % 2 == 0,
-         f"d_model {cfg.d_model}: h3 needs an even width (head_dim 2)")
-    if cfg.d_conv is not None:
-        need(cfg.arch in DEFAULT_DCONV or cfg.arch == "base_conv", f"--dconv {cfg.d_conv} does not "
-             f"apply to {cfg.arch}; it applies to {', '.join(DEFAULT_DCONV)}, base_conv")
-        need(cfg.d_conv >= (1 if cfg.arch in ("based", "base_conv") else 0),
-             f"d_conv must be >= 0 (>= 1 for based and base_conv), got {cfg.d_conv}")
-    need(not cfg.long_conv or cfg.arch in ("based", "base_conv"),
-         f"--long-conv applies to based and base_conv, not {cfg.arch}")
-    need(0 <= cfg.held_out < 1, f"held_out must be in [0, 1), got {cfg.held_out}")
-    need(cfg.held_out == 0 or cfg.task == "atr",
-         f"--held-out {cfg.held_out} applies to --task atr only")
-    need(cfg.num_kv >= 2 and cfg.num_kv % 2 == 0,
-         f"num_kv must be an even number >= 2, got {cfg.num_kv}")
-    need(1 <= cfg.n_pairs <= cfg.num_kv // 2, f"n_pairs {cfg.n_pairs} must be between 1 and "
-         f"num_kv/2 = {cfg.num_kv // 2} (the number of keys)")
-    need(2 * cfg.n_pairs + 5 <= L_MAX,
-         f"n_pairs {cfg.n_pairs} makes documents longer than {L_MAX} tokens")
-    need(cfg.n_train >= cfg.batch_size or cfg.fresh_data,
-         f"n_train {cfg.n_train} is smaller than one batch ({cfg.batch_size})")
-    need(cfg.lr > 0, f"lr must be > 0, got {cfg.lr}")
-    need(0 <= cfg.warmup_frac < 1, f"warmup_frac must be in [0, 1), got {cfg.warmup_frac}")
-    need(0 < cfg.decay_frac <= 1 - cfg.warmup_frac,
-         f"decay_frac must be in (0, 1 - warmup_frac], got {cfg.decay_frac}")
-    need(cfg.weight_decay >= 0, f"weight_decay must be >= 0, got {cfg.weight_decay}")
+                 "epochs", "bucket"):
+        value, low = getattr(c, name), 0 if name == "bucket" else 1
+        need(value is None or value >= low, f"{name} must be >= {low}, got {value}")
+    need(d % c.n_head == 0, f"d_model {d} is not divisible by n_head {c.n_head}")
+    need(c.n_head == 1 or c.arch in ("attention", "delta_net"),
+         f"n_head {c.n_head}: only attention and delta_net have heads (use 1 for {c.arch})")
+    need(c.arch != "h3" or d % 2 == 0, f"d_model {d}: h3 needs an even width (head_dim 2)")
+    if c.d_conv is not None:
+        need(c.arch in DEFAULT_DCONV or c.arch == "base_conv", f"--dconv {c.d_conv} does not "
+             f"apply to {c.arch}; it applies to {', '.join(DEFAULT_DCONV)}, base_conv")
+        need(c.d_conv >= (1 if c.arch in ("based", "base_conv") else 0),
+             f"d_conv must be >= 0 (>= 1 for based and base_conv), got {c.d_conv}")
+    need(not c.long_conv or c.arch in ("based", "base_conv"),
+         f"--long-conv applies to based and base_conv, not {c.arch}")
+    need(0 <= c.held_out < 1, f"held_out must be in [0, 1), got {c.held_out}")
+    need(c.held_out == 0 or c.task == "atr", f"--held-out {c.held_out} applies to --task atr only")
+    need(c.num_kv >= 2 and c.num_kv % 2 == 0, f"num_kv must be an even number >= 2, got {c.num_kv}")
+    need(1 <= P <= c.num_kv // 2, f"n_pairs {P} must be between 1 and num_kv/2 = {c.num_kv // 2} "
+         "(the number of keys)")
+    need(2 * P + 5 <= L_MAX, f"n_pairs {P} makes documents longer than {L_MAX} tokens")
+    need(c.n_train >= c.batch_size or c.fresh_data,
+         f"n_train {c.n_train} is smaller than one batch ({c.batch_size})")
+    need(c.lr > 0, f"lr must be > 0, got {c.lr}")
+    need(0 <= c.warmup_frac < 1, f"warmup_frac must be in [0, 1), got {c.warmup_frac}")
+    need(0 < c.decay_frac <= 1 - c.warmup_frac,
+         f"decay_frac must be in (0, 1 - warmup_frac], got {c.decay_frac}")
+    need(c.weight_decay >= 0, f"weight_decay must be >= 0, got {c.weight_decay}")
 
 
 def build_model(cfg: Config, vocab_size: int) -> LanguageModel:
@@ -785,8 +747,7 @@ def lr_at(step: int, cfg: Config) -> float:
     if step < warm:
         return cfg.lr * step / warm
     if cfg.schedule == "wsd":
-        decay = int(cfg.decay_frac * total)
-        return cfg.lr * min(1.0, (total - step) / max(1, decay))
+        return cfg.lr * min(1.0, (total - step) / max(1, int(cfg.decay_frac * total)))
     progress = (step - warm) / max(1, total - warm)
     if cfg.schedule == "linear":
         return cfg.lr * max(0.0, 1 - progress)
@@ -796,9 +757,8 @@ def lr_at(step: int, cfg: Config) -> float:
 @torch.no_grad()
 def evaluate(model: LanguageModel, data: Examples, batch_size: int = 64) -> dict:
     """Accuracy (argmax over the full vocabulary at the Query position) and mean loss."""
-    was_training = model.training
+    was_training, correct, loss = model.training, 0, 0.0
     model.eval()
-    correct, loss = 0, 0.0
     for i in range(0, len(data), batch_size):
         batch = data[i:i + batch_size].trim()
         logits = model(batch.ids, at=batch.pos["query"])
@@ -809,21 +769,69 @@ def evaluate(model: LanguageModel, data: Examples, batch_size: int = 64) -> dict
 
 
 def batch_documents(length: np.ndarray, n_batches: int, batch_size: int, bucket: int,
-                    rng: np.random.Generator) -> np.ndarray:
+                    rng: Generator) -> np.ndarray:
     """(n_batches, batch_size) training-document indices per batch: the paper's consecutive order,
     or with buckets each window of `bucket` batches re-cut after sorting by length, then shuffled:
     each document still once an epoch, less padding (ATR easy, windows of 16: 23 tokens, not 69)."""
     batches = np.arange(n_batches * batch_size).reshape(n_batches, batch_size)
-    for w in range(0, n_batches, bucket or n_batches):
-        if bucket:
-            docs = batches[w:w + bucket].ravel()
-            docs = docs[np.argsort(length[docs], kind="stable")].reshape(-1, batch_size)
-            batches[w:w + bucket] = docs[rng.permutation(len(docs))]
+    for w in range(0, n_batches, bucket) if bucket else ():  # no buckets: the paper's order
+        docs = batches[w:w + bucket].ravel()
+        docs = docs[np.argsort(length[docs], kind="stable")].reshape(-1, batch_size)
+        batches[w:w + bucket] = docs[rng.permutation(len(docs))]
     return batches
 
 
-class Diverged(RuntimeError):
-    pass
+class RunError(RuntimeError):
+    """A run that cannot go on, said in one line: the command line prints it, exit code `code`."""
+    code = 1
+
+
+class Interrupted(RunError):
+    code = 130
+
+
+def identity(cfg: Config) -> dict:
+    """What makes two runs the same run: every field, the length in steps (not the preset)."""
+    return {**dataclasses.asdict(cfg), "preset": None, "epochs": None, "steps": cfg.total_steps}
+
+
+def read(path: str, load=lambda p: json.loads(pathlib.Path(p).read_text())):
+    """A run file, or one line saying that it is damaged (a crash while writing, a full disk)."""
+    try:
+        return load(path)
+    except (ValueError, EOFError, KeyError, RuntimeError, pickle.UnpicklingError):
+        raise RunError(f"{path} is corrupt or truncated; --force starts the run over") from None
+
+
+def stored_config(out: str) -> Config:
+    try:
+        return Config(**read(os.path.join(out, "config.json")))
+    except (TypeError, ValueError) as e:
+        raise RunError(f"{out}/config.json is no configuration of this mech.py ({e}); --force "
+                       "starts the run over") from None
+
+
+def claim_folder(out: str, cfg: Config, force: bool = False):
+    """Make `out` this run's folder and hold it with an OS lock (which a killed process does not
+    leave behind) while the returned file is open. Refused while another process holds it, or when
+    it holds another configuration's run, unless `force` clears it; config.json is written once."""
+    os.makedirs(out, exist_ok=True)
+    lock = open(os.path.join(out, ".lock"), "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise RunError(f"{out} is in use by another process; wait for it or choose another --out")
+    names = ("config.json", "checkpoint.pt", "metrics.json", "model.pt", "mechanism.png")
+    for name in names if force else ():
+        pathlib.Path(out, name).unlink(missing_ok=True)
+    path, mine = os.path.join(out, "config.json"), identity(cfg)
+    if not os.path.exists(path):
+        write_json(path, dataclasses.asdict(cfg))
+    elif (theirs := identity(stored_config(out))) != mine:
+        diff = ", ".join(f"{k} {v} (asked: {mine[k]})" for k, v in theirs.items() if v != mine[k])
+        raise RunError(f"{out} holds another run ({diff}); choose another --out, or --force to "
+                       "start it over")
+    return lock
 
 
 def resolve_device(device: str) -> torch.device:
@@ -853,8 +861,7 @@ def training_batches(cfg: Config, task, dev: torch.device):
 
 def atomic_write(path: str, write) -> None:
     """Call write(tmp_path), then rename over `path`: readers never see a half-written file."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    write(tmp)
+    write(tmp := f"{path}.tmp{os.getpid()}")
     os.replace(tmp, path)
 
 
@@ -866,18 +873,31 @@ def write_json(path: str, obj) -> None:
     write_text(path, json.dumps(obj, indent=1))
 
 
-def save_checkpoint(path: str, model, optimizer, step: int, curve: list, elapsed: float) -> None:
-    state = dict(model=model.state_dict(), optimizer=optimizer.state_dict(), step=step, curve=curve,
-                 elapsed=elapsed)
+def save_checkpoint(path: str, model, optimizer, cfg: Config, **state) -> None:
+    state.update(model=model.state_dict(), optimizer=optimizer.state_dict(), identity=identity(cfg))
     atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
-def load_checkpoint(path: str, model, optimizer, dev) -> tuple:
-    """(step, curve, elapsed seconds) of the checkpoint at path, loaded into model and optimizer."""
-    ckpt = torch.load(path, map_location=dev)
-    model.load_state_dict(ckpt["model"])
-    optimizer.load_state_dict(ckpt["optimizer"])
-    return ckpt["step"], ckpt["curve"], ckpt["elapsed"]
+def load_checkpoint(path: str, model, optimizer, cfg: Config, dev) -> dict:
+    """The training state of the checkpoint at path (step, curve, elapsed, since, loss_sum), its
+    weights loaded into model and optimizer: only if the same configuration made it."""
+    ckpt = read(path, lambda p: torch.load(p, map_location=dev))
+    if ckpt.get("identity") != identity(cfg):
+        raise RunError(f"{path} was made by another configuration; --force starts the run over")
+    model.load_state_dict(ckpt.pop("model"))
+    optimizer.load_state_dict(ckpt.pop("optimizer"))
+    return ckpt
+
+
+@contextlib.contextmanager
+def stop_requests():
+    """A list that Ctrl-C or SIGTERM append to, instead of killing the process mid-step."""
+    stop = []
+    with contextlib.ExitStack() as restore:  # puts the old handlers back on the way out
+        with contextlib.suppress(ValueError):  # handlers can only be set in the main thread
+            for s in (signal.SIGINT, signal.SIGTERM):
+                restore.callback(signal.signal, s, signal.signal(s, lambda *a: stop.append(s)))
+        yield stop
 
 
 def curve_point(model, test, dev_set, step: int, train_loss: float, elapsed: float,
@@ -898,65 +918,79 @@ def progress_line(point: dict, total: int, rate: float) -> str:
             f"ETA {(total - point['step']) / rate / 60:5.1f} min")
 
 
-def train(cfg: Config, out: Optional[str] = None, device: str = "auto", log=print,
-          checkpoint_every_s: float = 60.0) -> tuple:
-    """Train one model -> (model, metrics). In `out`, write config.json, metrics.json and model.pt
-    (atomically) and, while training, a checkpoint from which an interrupted run resumes exactly."""
-    dev = resolve_device(device)
-    if out is not None:
-        os.makedirs(out, exist_ok=True)
-        write_json(os.path.join(out, "config.json"), dataclasses.asdict(cfg))
+def setup(cfg: Config, dev: torch.device) -> tuple:
+    """A run's task, model, optimizer, test (and dev) documents and batch_at(step)."""
     task = make_task(cfg)
     model = build_model(cfg, task.vocab_size).to(dev)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8,
                                   weight_decay=cfg.weight_decay, fused=dev.type in ("cpu", "cuda"))
     test = task.sample(cfg.n_eval, rng_for(cfg.seed, "test"), split="test").to(dev)
-    # with held-out pairs, the test set asks only those; dev documents come from training's pairs
     dev_set = (task.sample(cfg.n_eval, rng_for(cfg.seed, "dev"), split="dev").to(dev)
-               if cfg.held_out else None)
-    batch_at = training_batches(cfg, task, dev)
-    total, start, curve, elapsed = cfg.total_steps, 0, [], 0.0
-    ckpt_path = out and os.path.join(out, "checkpoint.pt")
-    if ckpt_path and os.path.exists(ckpt_path):
-        start, curve, elapsed = load_checkpoint(ckpt_path, model, optimizer, dev)
-        log(f"resuming {out} at step {start}")
-    n_params = sum(p.numel() for p in model.parameters())
-    log(f"{cfg.arch} on {cfg.task}: d={cfg.d_model}, {cfg.n_layer} layers, {n_params:,} parameters"
-        f", {total:,} steps, lr {cfg.lr:g}, {dev.type}, {torch.get_num_threads()} threads")
-    model.train()
-    t_start, last_save, since = time.time(), time.time(), start
-    loss_sum = torch.zeros((), device=dev)
-    for step in range(start, total):
-        batch = batch_at(step)
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        loss = F.cross_entropy(model(batch.ids, at=batch.pos["query"]), batch.answer)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        loss_sum += loss.detach()  # no .item() here: it would sync a GPU every step
-        done = step + 1
-        if done % cfg.eval_every and done != total:
-            continue
-        train_loss = loss_sum.item() / (done - since)
-        if not math.isfinite(train_loss):
-            raise Diverged(f"the training loss became {train_loss} by step {done}; "
-                           f"try a lower --lr than {cfg.lr:g}")
-        loss_sum.zero_()
-        since = done
-        curve.append(curve_point(model, test, dev_set, done, train_loss, elapsed, t_start))
+               if cfg.held_out else None)  # test asks only held-out pairs; dev, training's pairs
+    if cfg.arch == "mamba" and cfg.scan != "ref":  # build the compiled scan now, not on the clock
+        scan_ext.kernel(dev, required=cfg.scan == "ext")
+    return task, model, optimizer, test, dev_set, training_batches(cfg, task, dev)
+
+
+def train(cfg: Config, out: str | None = None, device: str = "auto", log=print,
+          checkpoint_every_s: float = 60.0, force: bool = False) -> tuple:
+    """Train one model -> (model, metrics); in `out` (claim_folder), atomically: config.json,
+    metrics.json, model.pt and a checkpoint that a killed (Ctrl-C, SIGTERM) run resumes exactly."""
+    dev = resolve_device(device)
+    folder = claim_folder(out, cfg, force) if out else contextlib.nullcontext()  # a held lock
+    with folder, stop_requests() as stop:
+        task, model, optimizer, test, dev_set, batch_at = setup(cfg, dev)
+        ckpt_path, total = out and os.path.join(out, "checkpoint.pt"), cfg.total_steps
+        state = dict(step=0, curve=[], elapsed=0.0, since=0, loss_sum=0.0)
+        if ckpt_path and os.path.exists(ckpt_path):
+            state = load_checkpoint(ckpt_path, model, optimizer, cfg, dev)
+            log(f"resuming {out} at step {state['step']}")
+        start, curve, elapsed, since = (state[k] for k in ("step", "curve", "elapsed", "since"))
+        n_params, threads = sum(p.numel() for p in model.parameters()), torch.get_num_threads()
+        log(f"{cfg.arch} on {cfg.task}: d={cfg.d_model}, {cfg.n_layer} layers, {n_params:,} "
+            f"parameters, {total:,} steps, lr {cfg.lr:g}, {dev.type}, {threads} threads")
+        model.train()
+        t_start = last_save = time.time()
+        loss_sum, uniform = torch.tensor(state["loss_sum"], device=dev), math.log(task.vocab_size)
+        save = lambda step: ckpt_path and save_checkpoint(  # without `out`, nothing to save
+            ckpt_path, model, optimizer, cfg, step=step, curve=curve, since=since,
+            loss_sum=loss_sum.item(), elapsed=elapsed + time.time() - t_start)
+        for step in range(start, total):
+            batch = batch_at(step)
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step, cfg)
+            loss = F.cross_entropy(model(batch.ids, at=batch.pos["query"]), batch.answer)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            loss_sum += loss.detach()  # no .item() here: it would sync a GPU every step
+            done = step + 1
+            if stop:  # Ctrl-C or SIGTERM: stop between two steps, resumable
+                save(done)
+                raise Interrupted(f"stopped at step {done:,} of {total:,}; " + (
+                    "the same command resumes from there" if out else "nothing saved (no --out)"))
+            if done % cfg.eval_every and done != total:
+                continue
+            train_loss = loss_sum.item() / (done - since)
+            if not train_loss < 2 * uniform:  # NaN too; uniform: the loss of a uniform guess, log V
+                raise RunError(f"the training loss reached {train_loss:.4g} by step {done} (a "
+                               f"uniform guess: {uniform:.2f}); try a lower --lr than {cfg.lr:g}")
+            loss_sum.zero_()
+            since = done
+            curve.append(curve_point(model, test, dev_set, done, train_loss, elapsed, t_start))
+            rate = (done - start) / (time.time() - t_start)
+            if ckpt_path and done < total and time.time() - last_save >= checkpoint_every_s:
+                save(done)
+                last_save = time.time()
+            log(progress_line(curve[-1], total, rate))
         run_time = time.time() - t_start
-        if ckpt_path and done < total and time.time() - last_save >= checkpoint_every_s:
-            save_checkpoint(ckpt_path, model, optimizer, done, curve, elapsed + run_time)
-            last_save = time.time()
-        log(progress_line(curve[-1], total, (done - start) / run_time))
-    run_time = time.time() - t_start
-    return model, finish_run(out, model, cfg, curve, dict(
-        wall_time_s=round(elapsed + run_time, 2), steps_per_s=round((total - start) / run_time, 2),
-        n_params=n_params, threads=torch.get_num_threads(), device=dev.type))
+        timing = dict(wall_time_s=round(elapsed + run_time, 2),
+                      steps_per_s=round((total - start) / run_time, 2), n_params=n_params,
+                      threads=threads, device=dev.type)
+        return model, finish_run(out, model, cfg, curve, timing)
 
 
-def finish_run(out: Optional[str], model, cfg: Config, curve: list, timing: dict) -> dict:
+def finish_run(out: str | None, model, cfg: Config, curve: list, timing: dict) -> dict:
     """The final metrics (the last evaluation); with `out`, saved there with the model."""
     final = curve[-1]
     metrics = dict(accuracy=final["accuracy"], test_loss=final["test_loss"], steps=cfg.total_steps,
@@ -971,9 +1005,8 @@ def finish_run(out: Optional[str], model, cfg: Config, curve: list, timing: dict
 
 def load_run(path: str, device: str = "cpu"):
     """(model, cfg) of a finished run folder, for notebooks: model, cfg = load_run('runs/...')."""
-    cfg = Config(**json.loads(pathlib.Path(path, "config.json").read_text()))
-    model = build_model(cfg, make_task(cfg).vocab_size)
-    model.load_state_dict(torch.load(os.path.join(path, "model.pt"), map_location=device))
+    model = build_model(cfg := stored_config(path), make_task(cfg).vocab_size)
+    model.load_state_dict(read(os.path.join(path, "model.pt"), lambda p: torch.load(p, device)))
     return model.to(device).eval(), cfg
 
 
@@ -989,14 +1022,10 @@ def load_run(path: str, device: str = "cpu"):
 # position; Attrib@Key ≈ 1 that the last layer itself reads the key's position.
 # Official implementation: aryamanarora/tinylang, tinylang/eval/interchange.py (with pyvene).
 SITES = {  # site -> (module inside blocks[l], hook on its input "in" or its output "out")
-    "block_input": ("", "in"),            # the residual stream entering block l
-    "block_output": ("", "out"),          # ... leaving it (= block_input of l+1)
-    "mixer_input": ("mixer", "in"),       # the normed input of the sequence mixer
-    "mixer_output": ("mixer", "out"),     # the mixer's output, before the residual add
-    "mlp_input": ("mlp", "in"),
-    "mlp_output": ("mlp", "out"),
-    "conv_output": ("mixer.conv_out", "out"),  # Mamba's short conv output, before SiLU (d_inner)
-}
+    "block_input": ("", "in"), "block_output": ("", "out"),  # residual stream: into, out of block l
+    "mixer_input": ("mixer", "in"), "mixer_output": ("mixer", "out"),  # normed in; before the add
+    "mlp_input": ("mlp", "in"), "mlp_output": ("mlp", "out"),  # block_output[l] = block_input[l+1]
+    "conv_output": ("mixer.conv_out", "out")}  # Mamba's short conv output, before SiLU (d_inner)
 POSITIONS = ("key", "value", "value+1", "value+2", "divider", "query")  # value+1 is AR's "next key"
 MAIN = ("block_input", "key")  # the paper's main setting: the last layer's input, Key corrupted
 VERDICT_MIN_EFFECT = 0.1  # mean p_clean - mean p_corrupted below this: the task was not learned
@@ -1011,16 +1040,10 @@ def positions(data: Examples, name: str) -> torch.Tensor:
 
 def sites_of(model: LanguageModel) -> list:
     """The model's (site, layer) pairs: no MLP in Mamba blocks, a conv only there (d_conv > 0)."""
-    have = []
-    for layer, block in enumerate(model.blocks):
-        for site, (path, _) in SITES.items():
-            try:
-                block.get_submodule(path)
-            except AttributeError:  # e.g. a Mamba block's mlp (None), an attention mixer's conv_out
-                continue
-            if not (site == "conv_output" and isinstance(block.mixer.conv1d, nn.Identity)):
-                have.append((site, layer))
-    return have
+    return [(site, layer) for layer, block in enumerate(model.blocks)
+            for site, (path, _) in SITES.items()
+            if path in dict(block.named_modules())  # not a Mamba block's mlp (None), ...
+            and not (site == "conv_output" and isinstance(block.mixer.conv1d, nn.Identity))]
 
 
 @contextlib.contextmanager
@@ -1029,23 +1052,14 @@ def intervene(model: LanguageModel, site: str, layer: int, fn):
     Activations are (B, L, width); fn may read them (and return them unchanged) or edit a copy."""
     path, side = SITES[site]
     module = model.blocks[layer].get_submodule(path)
-    if side == "in":
-        handle = module.register_forward_pre_hook(lambda m, args: (fn(args[0]), *args[1:]))
-    else:
-        handle = module.register_forward_hook(lambda m, args, out: fn(out))
-    try:
-        yield
-    finally:
-        handle.remove()
+    with (module.register_forward_pre_hook(lambda m, args: (fn(args[0]), *args[1:]))
+          if side == "in" else module.register_forward_hook(lambda m, args, out: fn(out))):
+        yield  # leaving the with removes the hook
 
 
 def patched(pos: torch.Tensor, values: torch.Tensor):
     """An intervention that writes values[b] (the clean activation) at position pos[b] of row b."""
-    def fn(act):
-        act = act.clone()
-        act[torch.arange(len(act), device=act.device), pos] = values
-        return act
-    return fn
+    return lambda act: act.index_put((torch.arange(len(act), device=act.device), pos), values)
 
 
 def p_answer(model: LanguageModel, data: Examples, ids=None) -> torch.Tensor:
@@ -1054,15 +1068,12 @@ def p_answer(model: LanguageModel, data: Examples, ids=None) -> torch.Tensor:
     return logits.softmax(-1)[torch.arange(len(data), device=logits.device), data.answer]
 
 
-def corrupt(task, data: Examples, what: str, rng: np.random.Generator,
-            value_corruption: str = "value"):
+def corrupt(task, data: Examples, what: str, rng: Generator, value_corruption: str = "value"):
     """A copy of the documents with the token at pos[what] replaced by another of its kind. The
     official code replaces a corrupted Value by a *key* token: value_corruption="key"."""
-    ids = data.ids.clone()
-    rows, pos = torch.arange(len(ids), device=ids.device), data.pos[what]
+    rows, pos = torch.arange(len(data), device=data.ids.device), data.pos[what]
     kind = "key" if what == "key" or value_corruption == "key" else "value"
-    ids[rows, pos] = task.other_token(kind, ids[rows, pos], rng)
-    return ids
+    return data.ids.index_put((rows, pos), task.other_token(kind, data.ids[rows, pos], rng))
 
 
 @torch.no_grad()
@@ -1072,32 +1083,23 @@ def interchange(model: LanguageModel, task, data: Examples, corrupted: str = "ke
     rows of means over the documents; one corruption per document (from `seed`) for all cells."""
     was_training = model.training
     model.eval()
-    rng = rng_for(seed, f"corrupt-{corrupted}")
-    grid = [(site, layer, p) for site, layer in sites_of(model) for p in POSITIONS]
-    sums = {cell: 0.0 for cell in grid}
-    clean_sum = corr_sum = 0.0
+    rng, n, clean_sum, corr_sum = rng_for(seed, f"corrupt-{corrupted}"), len(data), 0.0, 0.0
+    sums = {(site, layer, p): 0.0 for site, layer in sites_of(model) for p in POSITIONS}  # cells
     for i in range(0, len(data), batch_size):
         batch = data[i:i + batch_size].trim()
         bad_ids = corrupt(task, batch, corrupted, rng, value_corruption)
-        cache = {}
-
-        def record(key):
-            def fn(act):
-                cache[key] = act
-                return act
-            return fn
+        cache, rows = {}, torch.arange(len(batch), device=batch.ids.device)  # clean activations
         with contextlib.ExitStack() as stack:  # one clean run records every site
             for site, layer in sites_of(model):
-                stack.enter_context(intervene(model, site, layer, record((site, layer))))
+                record = lambda act, key=(site, layer): cache.setdefault(key, act)  # returns act
+                stack.enter_context(intervene(model, site, layer, record))
             clean_sum += p_answer(model, batch).sum().item()
         corr_sum += p_answer(model, batch, bad_ids).sum().item()
-        rows = torch.arange(len(batch), device=batch.ids.device)
-        for site, layer, p in grid:
+        for site, layer, p in sums:
             pos = positions(batch, p)
             with intervene(model, site, layer, patched(pos, cache[site, layer][rows, pos])):
                 sums[site, layer, p] += p_answer(model, batch, bad_ids).sum().item()
     model.train(was_training)
-    n = len(data)
     p_clean, p_corr = clean_sum / n, corr_sum / n
     effect = p_clean - p_corr or math.nan  # no effect at all: every Attrib is undefined
     return [dict(corrupted=corrupted, site=site, layer=layer, position=p, p_clean=p_clean,
@@ -1107,8 +1109,7 @@ def interchange(model: LanguageModel, task, data: Examples, corrupted: str = "ke
 
 def main_setting(rows: list, n_layer: int, layer: int | None = None) -> dict:
     """Attrib at the main setting: the last layer's block_input (or `layer`'s), Key corrupted."""
-    site, corrupted = MAIN
-    layer = n_layer - 1 if layer is None else layer
+    (site, corrupted), layer = MAIN, n_layer - 1 if layer is None else layer
     return {r["position"]: r["attrib"] for r in rows
             if r["corrupted"] == corrupted and r["site"] == site and r["layer"] == layer}
 
@@ -1116,19 +1117,17 @@ def main_setting(rows: list, n_layer: int, layer: int | None = None) -> dict:
 def verdict(rows: list, n_layer: int) -> str:
     """The mechanism in words, from Attrib at the first layer whose input lacks the Key association
     (thresholds VERDICT_*): in deeper models the last one can show @Query 1.00 for induction too."""
-    key_rows = [r for r in rows if r["corrupted"] == "key"]
-    effect = key_rows[0]["p_clean"] - key_rows[0]["p_corr"]
+    effect = next(r["p_clean"] - r["p_corr"] for r in rows if r["corrupted"] == "key")
     if effect < VERDICT_MIN_EFFECT:
         return (f"not learned: corrupting the Key moves p(answer) by only {effect:.3f} "
                 f"(< {VERDICT_MIN_EFFECT}), too little to attribute")
     layer = next((l for l in range(1, n_layer)
                   if main_setting(rows, n_layer, l)["key"] < VERDICT_DOMINANT), n_layer - 1)
     a = main_setting(rows, n_layer, layer)
-    where = "the last layer" if layer == n_layer - 1 else f"layer {layer}"
-    names = {"value": "induction: the key-value binding is stored at the Value position "
-                      f"before {where}",
+    where = "before the last layer" if layer == n_layer - 1 else f"before layer {layer}"
+    names = {"value": f"induction: the key-value binding is stored at the Value position {where}",
              "query": "direct retrieval at the last position: the answer is computed at the Query "
-                      f"before {where}",
+                      + where,
              "key": "direct retrieval, late: the last layer reads the Key position itself"}
     top = max(names, key=lambda p: a[p])
     if a[top] >= VERDICT_DOMINANT and all(a[p] <= 1 - VERDICT_DOMINANT for p in names if p != top):
@@ -1141,39 +1140,32 @@ def mechanism_report(rows: list, n_layer: int) -> str:
     """The printed table: Attrib per site and layer (rows) and position (columns), Key corrupted."""
     lines = ["Attrib (Key corrupted; rows: site[layer], columns: the patched position)",
              f"{'':16s}" + "".join(f"{'@' + p:>10s}" for p in POSITIONS)]
-    table = {}
-    for r in rows:
-        if r["corrupted"] == "key":
-            table.setdefault((r["site"], r["layer"]), {})[r["position"]] = r["attrib"]
+    key_rows, table = [r for r in rows if r["corrupted"] == "key"], {}  # table: cells by row
+    for r in key_rows:
+        table.setdefault((r["site"], r["layer"]), {})[r["position"]] = r["attrib"]
     for (site, layer), cells in table.items():
         mark = " <- main" if (site, layer) == (MAIN[0], n_layer - 1) else ""
         lines.append(f"{site + f'[{layer}]':16s}"
                      + "".join(f"{cells[p]:10.3f}" for p in POSITIONS) + mark)
-    first = next(r for r in rows if r["corrupted"] == "key")
-    lines.append(f"p(answer): clean {first['p_clean']:.3f}, Key corrupted {first['p_corr']:.3f}")
-    conv = table.get(("conv_output", 0))
-    if conv:
+    lines.append("p(answer): clean {p_clean:.3f}, Key corrupted {p_corr:.3f}".format(**key_rows[0]))
+    if conv := table.get(("conv_output", 0)):
         lines.append("Mamba conv: patching layer 0's conv output restores Attrib "
                      f"{conv['value']:.2f} at the Value, {conv['value+1']:.2f} at Value+1 "
                      "(the paper's v3: Mamba's induction lives in its short convolution)")
-    lines.append("verdict: " + verdict(rows, n_layer))
-    return "\n".join(lines)
+    return "\n".join(lines + ["verdict: " + verdict(rows, n_layer)])
 
 
 def plot_mechanism(rows: list, path: str, title: str) -> None:
     """A heatmap per site: layers x positions, Attrib (Key corrupted), saved as a PNG."""
-    import matplotlib
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    sites = list(dict.fromkeys(r["site"] for r in rows))
-    layers = sorted({r["layer"] for r in rows})
+    plt.switch_backend("Agg")
+    sites, layers = list(dict.fromkeys(r["site"] for r in rows)), sorted({r["layer"] for r in rows})
     fig, axes = plt.subplots(1, len(sites), figsize=(2.6 * len(sites), 0.6 * len(layers) + 1.6),
                              squeeze=False)
     for ax, site in zip(axes[0], sites):
         grid = np.full((len(layers), len(POSITIONS)), np.nan)
-        for r in rows:
-            if r["corrupted"] == "key" and r["site"] == site:
-                grid[r["layer"], POSITIONS.index(r["position"])] = r["attrib"]
+        for r in (r for r in rows if r["corrupted"] == "key" and r["site"] == site):
+            grid[r["layer"], POSITIONS.index(r["position"])] = r["attrib"]
         ax.imshow(grid, vmin=-0.2, vmax=1.2, cmap="viridis", aspect="auto")
         for (y, x), v in np.ndenumerate(grid):
             if not np.isnan(v):
@@ -1203,8 +1195,7 @@ def analyse_run(out: str, model: LanguageModel, cfg: "Config", log=print) -> dic
     analysis = analyse(model, cfg)
     log(mechanism_report(analysis["rows"], cfg.n_layer))
     path = os.path.join(out, "metrics.json")
-    metrics = json.loads(pathlib.Path(path).read_text())
-    metrics["interventions"] = analysis
+    metrics = json.loads(pathlib.Path(path).read_text()) | {"interventions": analysis}
     write_json(path, metrics)
     title = f"{cfg.arch} on {cfg.task}, d={cfg.d_model}, test accuracy {metrics['accuracy']:.3f}"
     plot_mechanism(analysis["rows"], os.path.join(out, "mechanism.png"), title)
@@ -1253,26 +1244,24 @@ class ATR:
         T, N = self.n_terminals, self.n_nonterminals
         # 1. held-out (parent label, query label) pairs; drawn first, so a split changes the grammar
         self.held_out = rs.rand(T, T) < self.split if self.split > 0 else None
+        if self.held_out is not None and self.held_out.sum() in (0, T * T):
+            raise RunError(f"--held-out {self.split:g} holds out {self.held_out.sum()} of the "
+                           f"{T * T} (parent, query) label pairs: no split (the paper: 0.2)")
         # 2. levels 1..max_depth (official: max_depths); rules use only higher ones: derivations end
         self.level = np.array([rs.randint(1, self.max_depth + 1) for _ in range(N)])
         # 3. 1..max_rules rules of 1..max_rhs_len-1 symbols, uniform over allowed nonterminals and
         #    terminals; with a terminal_occurrence_factor f, one terminal placeholder of weight f,
         #    filled afterwards with uniform terminals (so the tree shape does not depend on T)
-        PLACEHOLDER, factor = -1, self.terminal_occurrence_factor
-        self.rules = []
+        PLACEHOLDER, factor, self.rules = -1, self.terminal_occurrence_factor, []
         for nt in range(N):
             n_rules = rs.randint(1, self.max_rules + 1)
             allowed = [T + x for x in range(N) if self.level[x] > self.level[nt]]
-            if factor is None:
-                symbols, p = allowed + list(range(T)), None
-            else:
-                weights = np.append(np.ones(len(allowed)), factor)
-                symbols, p = allowed + [PLACEHOLDER], weights / weights.sum()
-            rules = []
-            for _ in range(n_rules):
-                length = rs.randint(1, self.max_rhs_len)
-                rules.append([symbols[i] for i in rs.choice(len(symbols), size=length, p=p)])
-            self.rules.append(rules)
+            symbols, p = allowed + list(range(T)), None
+            if factor is not None:
+                p = np.append(np.ones(len(allowed)), factor)  # weights
+                symbols, p = allowed + [PLACEHOLDER], p / p.sum()
+            rhs = lambda: rs.choice(len(symbols), size=rs.randint(1, self.max_rhs_len), p=p)
+            self.rules.append([[symbols[i] for i in rhs()] for _ in range(n_rules)])
         fill = lambda s: rs.randint(T) if s == PLACEHOLDER else s
         self.rules = [[tuple(fill(s) for s in rhs) for rhs in rules] for rules in self.rules]
         # 4. rule probabilities, 5. head-word distributions over all T terminals: Dirichlet(1)
@@ -1281,23 +1270,20 @@ class ATR:
         # 6. a uniform start symbol (no draw). We sample by inverse CDF, with the CDF that numpy's
         #    legacy choice(p=...) builds, so that a legacy stream gives the official draws.
         cdf = lambda p: (np.cumsum(p) / np.cumsum(p)[-1]).tolist()
-        self.start_cdf = cdf(np.ones(N) / N)
-        self.rule_cdf = [cdf(p) for p in self.rule_probs]
+        self.start_cdf, self.rule_cdf = cdf(np.ones(N) / N), [cdf(p) for p in self.rule_probs]
         self.head_cdf = [cdf(p) for p in self.head_probs]
 
     def derive(self, rng):
         """Expand a start symbol depth-first, left to right (the official order of draws: per
         constituent, its rule, then its head word), with a numpy Generator or legacy RandomState.
         Returns a Tree without its query, or None past max_length terminals (as officially)."""
-        T = self.n_terminals
         labels, owner, depth = [], [], []  # per terminal; owner: the constituent its parent heads
-        head_at = []                       # per constituent: position of its head word
-        start = T + bisect_right(self.start_cdf, rng.random())
-        stack = [(start, -1, -1, 0)]  # (symbol, its constituent, the one it heads or -1, depth)
+        T, head_at = self.n_terminals, []  # per constituent: position of its head word
+        stack = [(T + bisect_right(self.start_cdf, rng.random()), -1, -1, 0)]  # the start symbol
         while stack:
             if len(labels) >= self.max_length:  # and more to come
                 return None
-            symbol, up, heads, d = stack.pop()
+            symbol, up, heads, d = stack.pop()  # its constituent, the one it heads or -1, depth
             if symbol < T:  # a terminal: emit it
                 if heads >= 0:
                     head_at[heads] = len(labels)
@@ -1305,11 +1291,10 @@ class ATR:
                 owner.append(up)
                 depth.append(d)
                 continue
-            c = len(head_at)  # a nonterminal: a new constituent c
+            c = len(head_at)  # a nonterminal: a new constituent c, its head word out after its rhs
             head_at.append(-1)
             rhs = self.rules[symbol - T][bisect_right(self.rule_cdf[symbol - T], rng.random())]
-            head = bisect_right(self.head_cdf[symbol - T], rng.random())
-            stack.append((head, up, c, d + 1))  # c's head word: out after the children
+            stack.append((bisect_right(self.head_cdf[symbol - T], rng.random()), up, c, d + 1))
             stack.extend((s, c, -1, d + 1) for s in reversed(rhs))  # the children, popped in order
         parent = [head_at[c] if c >= 0 else -1 for c in owner]
         return Tree(labels, parent, depth, query=-1, target=-1)
@@ -1319,17 +1304,14 @@ class ATR:
         parent, query the rightmost of its label, their label pair allowed in this split."""
         if split not in ("train", "dev", "test"):
             raise ValueError(f"split must be 'train', 'dev' or 'test', not {split!r}")
-        rightmost = {label: i for i, label in enumerate(tree.labels)}
-        pairs = []
-        for q, (label, t) in enumerate(zip(tree.labels, tree.parent)):
-            if t < 0 or rightmost[label] != q:
-                continue
-            if self.held_out is None or self.held_out[tree.labels[t], label] == (split == "test"):
-                pairs.append((t, q))
-        return [(q, t) for t, q in sorted(pairs)]
+        rightmost, test = {label: i for i, label in enumerate(tree.labels)}, split == "test"
+        pairs = sorted((t, q) for q, (label, t) in enumerate(zip(tree.labels, tree.parent))
+                       if t >= 0 and rightmost[label] == q
+                       and (self.held_out is None or self.held_out[tree.labels[t], label] == test))
+        return [(q, t) for t, q in pairs]
 
     @staticmethod
-    def choose_pair(pairs: list, rng: np.random.Generator) -> tuple:
+    def choose_pair(pairs: list, rng: Generator) -> tuple:
         """(query, target): the target uniform among eligible targets, then the query uniform among
         its eligible queries (sample_first="target"): a query whose parent has few is likelier."""
         targets = sorted({t for _, t in pairs})
@@ -1337,14 +1319,15 @@ class ATR:
         queries = [q for q, t in pairs if t == target]
         return queries[rng.integers(len(queries))], target
 
-    def trees(self, n: int, rng: np.random.Generator, split: str = "train") -> list:
+    def trees(self, n: int, rng: Generator, split: str = "train") -> list:
         """n sentences and queried pairs (redrawn if < 3 terminals, too long or none eligible)."""
-        out = []
+        out, draws = [], 0
         while len(out) < n:
+            if (draws := draws + 1) > 100 * n + 10_000:  # else it may never end (few allowed pairs)
+                raise RunError(f"{len(out)} of {n} {split} sentences found in {draws - 1:,} draws; "
+                               "--held-out leaves too few pairs on one side")
             tree = self.derive(rng)
-            if tree is None or len(tree.labels) < 3:
-                continue
-            pairs = self.eligible_pairs(tree, split)
+            pairs = tree and len(tree.labels) >= 3 and self.eligible_pairs(tree, split)
             if pairs:
                 tree.query, tree.target = self.choose_pair(pairs, rng)
                 out.append(tree)
@@ -1352,24 +1335,19 @@ class ATR:
 
     def examples(self, trees: list) -> Examples:
         """Documents <bos> t ... t <eos> t_query t_parent <eos> (right-padded), with positions."""
-        n, first = len(trees), self.first_terminal
-        lengths = np.array([len(tree.labels) for tree in trees])  # terminals per sentence
-        ids = np.full((n, lengths.max() + 5), PAD, dtype=np.int64)
+        lengths, first = np.array([len(tree.labels) for tree in trees]), self.first_terminal
+        ids = np.full((len(trees), lengths.max() + 5), PAD, dtype=np.int64)  # lengths: terminals
         for row, tree in zip(ids, trees):
-            m = len(tree.labels)
-            row[0] = BOS
-            row[1:m + 1] = np.add(tree.labels, first)
-            row[m + 1:m + 5] = (EOS, first + tree.labels[tree.query],
-                                first + tree.labels[tree.target], EOS)
+            m, labels = len(tree.labels), np.add(tree.labels, first)  # its terminals' token ids
+            row[:m + 5] = (BOS, *labels, EOS, labels[tree.query], labels[tree.target], EOS)
         return Examples.from_numpy(ids, key=1 + np.array([tree.query for tree in trees]),
                                    value=1 + np.array([tree.target for tree in trees]),
                                    divider=lengths + 1, query=lengths + 2, answer=lengths + 3)
 
-    def sample(self, n: int, rng: np.random.Generator, split: str = "train") -> Examples:
+    def sample(self, n: int, rng: Generator, split: str = "train") -> Examples:
         return self.examples(self.trees(n, rng, split))
 
-    def other_token(self, kind: str, tokens: torch.Tensor,
-                    rng: np.random.Generator) -> torch.Tensor:
+    def other_token(self, kind: str, tokens: torch.Tensor, rng: Generator) -> torch.Tensor:
         """For each token, a uniformly drawn *different* terminal (Keys and Values are both)."""
         return other_than(tokens, self.first_terminal, self.n_terminals, rng)
 
@@ -1378,8 +1356,7 @@ ATR_SETTINGS = {  # the paper's three (§5.2, tinylang's languages/); held out: 
     "easy": dict(n_terminals=20, max_rhs_len=5),  # Lmax=5, |Σ|=20: pcfg_vary_difficulty/pcfg_5_20
     "medium": dict(n_terminals=20, max_rhs_len=10),  # Lmax=10, |Σ|=20: .../pcfg_10_20
     "8192": dict(n_terminals=8192, max_rhs_len=5,
-                 terminal_occurrence_factor=20),  # pcfg_vary_rhs_8192
-}
+                 terminal_occurrence_factor=20)}  # pcfg_vary_rhs_8192
 TASKS["atr"] = lambda cfg: ATR(**ATR_SETTINGS[cfg.atr], split=cfg.held_out,
                                grammar_seed=cfg.grammar_seed, max_length=L_MAX - 5)
 
@@ -1396,32 +1373,24 @@ def build_parser() -> Parser:
                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for f in dataclasses.fields(Config):
         kind = next((t for t in getattr(f.type, "__args__", (f.type,)) if t is not type(None)))
-        names = [n for n in (f.metadata["flag"], "--" + f.name.replace("_", "-")) if n]
         extra = dict(action=argparse.BooleanOptionalAction) if kind is bool else dict(type=kind)
-        p.add_argument(*names, dest=f.name, default=argparse.SUPPRESS, help=f.metadata["help"],
-                       **extra)
+        p.add_argument(*filter(None, (f.metadata["flag"], "--" + f.name.replace("_", "-"))),
+                       dest=f.name, default=argparse.SUPPRESS, help=f.metadata["help"], **extra)
     p.add_argument("--out", help="run folder (default: runs/<task>_<arch>_..._<config hash>)")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
     p.add_argument("--force", action="store_true", help="retrain even if the run folder holds a "
                    "finished run")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
-    p.add_argument("--interventions", action=argparse.BooleanOptionalAction, default=True,
-                   help="after training, run the mechanistic evaluation (interchange "
-                        "interventions)")
+    p.add_argument("--interventions", default=True, help="after training, run the mechanistic "
+                   "evaluation (interchange interventions)", action=argparse.BooleanOptionalAction)
     p.add_argument("--load", metavar="RUN_DIR", help="analyse a finished run instead of training "
                    "(with --interventions): python mech.py --load RUN_DIR --interventions")
     return p
 
 
-def config_from_args(args: argparse.Namespace) -> Config:
-    """The Config of the flags given: the others keep Config's defaults (those of the preset)."""
-    return Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config)
-                     if hasattr(args, f.name)})
-
-
 def config_id(cfg: Config) -> str:
-    return sha1(json.dumps(dataclasses.asdict(cfg), sort_keys=True).encode()).hexdigest()[:8]
+    return sha1(json.dumps(identity(cfg), sort_keys=True).encode()).hexdigest()[:8]
 
 
 def default_out(cfg: Config) -> str:
@@ -1432,48 +1401,87 @@ def default_out(cfg: Config) -> str:
                                 f"_s{cfg.seed}_{config_id(cfg)}")
 
 
-def finished_run(out: str, cfg: Config) -> Optional[dict]:
-    """The metrics of the run in `out` if it is finished and has exactly this configuration."""
-    read = lambda name: json.loads(pathlib.Path(out, name).read_text())
-    if not os.path.exists(os.path.join(out, "metrics.json")):
-        return None
-    same = read("config.json") == json.loads(json.dumps(dataclasses.asdict(cfg)))
-    return read("metrics.json") if same else None
+def finished_run(out: str, cfg: Config) -> dict | None:
+    """The metrics of the run in `out` if it is finished and has this configuration."""
+    path = os.path.join(out, "metrics.json")
+    same = os.path.exists(path) and identity(stored_config(out)) == identity(cfg)
+    return read(path) if same else None
+
+
+APPLIES = dict(num_kv=("task", "ar"), n_pairs=("task", "ar"), atr=("task", "atr"),
+               held_out=("task", "atr"), grammar_seed=("task", "atr"), scan=("arch", "mamba"),
+               hyena_d_skip=("arch", "hyena"), decay_frac=("schedule", "wsd"))  # flag -> where
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """The Config of the flags given (the others keep Config's defaults, the preset's), refusing
+    flags that contradict each other or do not apply to the task or architecture."""
+    given = {f.name: vars(args)[f.name] for f in dataclasses.fields(Config) if f.name in vars(args)}
+    if "steps" in given and "epochs" in given:
+        raise ValueError(f"give --steps ({args.steps}) or --epochs ({args.epochs}), not both")
+    cfg = Config(**given)
+    for name, (where, value) in APPLIES.items():
+        if name in given and getattr(cfg, where) != value:
+            raise ValueError(f"--{name.replace('_', '-')} applies to --{where} {value} only, not "
+                             f"to --{where} {getattr(cfg, where)}")
+    return cfg
 
 
 def main(argv=None):
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.load:  # analyse a saved run, no training
-        need = ("config.json", "model.pt", "metrics.json")
-        missing = ", ".join(f for f in need if not os.path.exists(os.path.join(args.load, f)))
-        if missing:
-            parser.error(f"--load {args.load}: no finished run there ({missing} missing)")
-        if not args.interventions:
-            parser.error("--load analyses a saved run: it needs --interventions")
-        return analyse_run(args.load, *load_run(args.load))
+    args = (parser := build_parser()).parse_args(argv)
     try:
-        cfg = config_from_args(args)
-        if args.threads is not None:
-            if args.threads < 1:
-                raise ValueError(f"--threads must be >= 1, got {args.threads}")
-            torch.set_num_threads(args.threads)
+        cfg = None if args.load else config_from_args(args)
+        if args.threads is not None and args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads or min(torch.get_num_threads(), idle_cores()))
         resolve_device(args.device)
     except ValueError as e:
         parser.error(str(e))
-    out = args.out or default_out(cfg)
-    m = None if args.force else finished_run(out, cfg)
-    if m is not None:
-        print(f"{out} already holds this run: test accuracy {m['accuracy']:.3f} (--force retrains)")
-        return (analyse_run(out, *load_run(out))
-                if args.interventions and "interventions" not in m else m)
-    for name in ("checkpoint.pt", "metrics.json") if args.force else ():
-        pathlib.Path(out, name).unlink(missing_ok=True)
-    log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, flush=True))
     try:
-        model, m = train(cfg, out, device=args.device, log=log)
-    except Diverged as e:
-        parser.exit(1, f"{parser.prog}: {e}\n")
+        return load_and_analyse(args, parser) if args.load else run(cfg, args)
+    except RunError as e:
+        parser.exit(e.code, f"{parser.prog}: {e}\n")
+    except (OSError, MemoryError) as e:  # a folder that cannot be written, memory not to be had
+        parser.exit(1, f"{parser.prog}: error: {e}\n")
+
+
+def idle_cores(seconds: float = 0.25) -> int:
+    """The cores that other processes leave idle (from /proc/stat): torch's default of one thread
+    per core runs far slower when it shares a core with another process."""
+    def idle_total():  # (idle + iowait, all) CPU ticks since boot
+        ticks = [int(x) for x in pathlib.Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        return ticks[3] + ticks[4], sum(ticks)
+    try:
+        (idle0, total0), (idle1, total1) = idle_total(), time.sleep(seconds) or idle_total()
+    except (OSError, IndexError, ValueError):  # not Linux: trust torch's default
+        return os.cpu_count() or 1
+    return max(1, round((idle1 - idle0) / max(1, total1 - total0) * (os.cpu_count() or 1)))
+
+
+def load_and_analyse(args, parser) -> dict:
+    """--load RUN_DIR: the mechanistic evaluation of a saved run, as it was trained."""
+    given = [k for k in vars(args) if k in {f.name for f in dataclasses.fields(Config)}]
+    if given or args.out or args.force or not args.interventions:
+        parser.error(f"--load analyses a saved run as it was trained: it takes no "
+                     f"{', '.join(given) or '--out, --force or --no-interventions'}")
+    if missing := [f for f in ("config.json", "model.pt", "metrics.json")
+                   if not os.path.exists(os.path.join(args.load, f))]:
+        parser.error(f"--load {args.load}: no finished run there ({', '.join(missing)} missing)")
+    lock = claim_folder(args.load, stored_config(args.load))  # noqa: F841 (held while analysing)
+    return analyse_run(args.load, *load_run(args.load))
+
+
+def run(cfg: Config, args) -> dict:
+    """Train the run of `cfg` in its folder (or resume it, or report it if finished), analyse it."""
+    out = args.out or default_out(cfg)
+    if not args.force and (m := finished_run(out, cfg)) is not None:
+        print(f"{out} already holds this run: test accuracy {m['accuracy']:.3f} (--force retrains)")
+        if args.interventions and "interventions" not in m:
+            lock = claim_folder(out, cfg)  # noqa: F841 (held while analysing)
+            m = analyse_run(out, *load_run(out))
+        return m
+    log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, flush=True))
+    model, m = train(cfg, out, device=args.device, log=log, force=args.force)
     print(f"{cfg.arch} on {cfg.task}: test accuracy {m['accuracy']:.3f} "
           f"({round(m['accuracy'] * cfg.n_eval)}/{cfg.n_eval}) after {m['steps']:,} steps in "
           f"{m['wall_time_s'] / 60:.1f} min ({m['steps_per_s']:.1f} steps/s); saved in {out}")
@@ -1484,5 +1492,4 @@ if __name__ == "__main__":
     try:
         main()
     except BrokenPipeError:  # output piped into a reader that stopped early (`| head`): no error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(0)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # fd 1, stdout: exit 0 without a message

@@ -12,20 +12,27 @@ models" (arXiv 2505.15105). This script runs the paper's sweeps of such runs, ea
 
 A sweep is a list of runs and a run is a list of mech.py's flags, so a sweep runs here in parallel
 processes (--jobs), or anywhere else from the commands it prints (--print-commands, to be run from
-the repository root): a SLURM array, GNU parallel, a cluster's queue. Runs are resumable: a finished
-run folder is skipped, an interrupted one continues from its checkpoint. --collect reads every run
-folder under a directory, whoever made it, writes DIR/results.json and DIR/summary.md and draws the
-figures into DIR/figures; the committed figures/*.png change only when asked for, with
---figures-dir figures.
+the repository root): a SLURM array, GNU parallel, a cluster's queue. Runs are resumable: a run
+folder that holds this very run finished is skipped, an interrupted one continues from its
+checkpoint; mech.py flags given to the whole sweep add a hash of them to the run names, so that
+such a sweep never takes another's folders for its own. A sweep that is stopped (Ctrl-C, SIGTERM,
+SIGHUP) stops its runs at a checkpoint first: the same command resumes it. --collect reads every
+run folder under a directory, whoever made it, writes DIR/results.json and DIR/summary.md (a row
+per configuration, its seeds averaged) and draws the figures into DIR/figures; the committed
+figures/*.png change only when asked for, with --figures-dir figures.
 """
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+import threading
+import time
+from hashlib import sha1
 
 import matplotlib
 matplotlib.use("Agg")  # figures are files: no display needed
@@ -80,10 +87,11 @@ SCALES = ("cpu", "paper")
 MIN_EFFECT = dict(ar=0.01, atr=0.1)
 
 
-def sweep_runs(sweep: str, scale: str, seeds: int) -> list:
+def sweep_runs(sweep: str, scale: str, seeds: int, overrides=None) -> list:
     """[(run name, flags)] of a sweep. scale "paper": every (d, lr) of the paper's grid with the
     paper protocol (its one seed, 42, or more with seeds > 1); scale "cpu": the calibrated CPU
-    preset (its d and lr) with seeds 42, 43, ..."""
+    preset (its d and lr) with seeds 42, 43, ...; overrides: the Config fields that mech.py flags
+    given to the whole sweep set (see sweep_overrides), which the run names then tell apart."""
     if sweep not in SWEEPS:
         raise ValueError(f"unknown sweep {sweep!r}; choose from {', '.join(SWEEPS)}")
     if scale not in SCALES:
@@ -96,16 +104,20 @@ def sweep_runs(sweep: str, scale: str, seeds: int) -> list:
         for point in grid:
             for seed in range(42, 42 + seeds):
                 run = dict(preset=scale, **flags, **point, seed=seed)
-                runs.append((run_name(run), run))
+                runs.append((run_name(run, overrides), run))
     return runs
 
 
-def run_name(run: dict) -> str:
-    """A run's folder name, its flags' values in order: e.g. ar_mamba_dconv0_s42."""
+def run_name(run: dict, overrides=None) -> str:
+    """A run's folder name, its flags' values in order: e.g. ar_mamba_dconv0_s42; with overrides,
+    a hash of them too (ar_mamba_dconv0_s42_x3f9a1c2e), so that a sweep with --steps 1500 never
+    takes the plain sweep's folders for its own, nor the plain sweep its."""
     short = dict(d_conv="dconv", n_layer="layers", d_model="d", long_conv="long", pos_emb="pe",
                  seed="s")
     parts = [(short[k] if v else "no" + short[k]) if isinstance(v, bool)
              else f"{short.get(k, '')}{v}" for k, v in run.items() if k != "preset"]
+    if overrides:
+        parts.append("x" + sha1(json.dumps(overrides, sort_keys=True).encode()).hexdigest()[:8])
     return "_".join(p for p in parts if p)
 
 
@@ -124,6 +136,31 @@ def run_args(run: dict) -> list:
     return args
 
 
+def run_parser(prog: str) -> mech.Parser:
+    """mech.py's parser, its one-line errors naming prog (the script that was run)."""
+    parser = mech.build_parser()
+    parser.prog = prog
+    return parser
+
+
+def sweep_overrides(extra, prog: str = "mech.py") -> dict:
+    """The Config fields that the mech.py flags given to a whole sweep set: ["--steps", "1500",
+    "--force"] -> {"steps": 1500}; flags that do not change what is trained (--force, --device)
+    leave the run names alone. An error if mech.py refuses a flag, or for --out."""
+    args = run_parser(prog).parse_args(list(extra))
+    if args.out is not None:
+        raise ValueError("--out: each run's folder is <sweep dir>/<run name>; "
+                         "choose the sweep dir with --sweep-dir")
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(mech.Config)
+            if hasattr(args, f.name)}
+
+
+def run_config(run: dict, extra=(), prog: str = "mech.py") -> mech.Config:
+    """The configuration mech.py makes of a run's flags followed by the sweep's (ValueError if it
+    refuses them)."""
+    return mech.config_from_args(run_parser(prog).parse_args(run_args(run) + list(extra)))
+
+
 def run_command(run: dict, out: str, python: str = "python", script: str = "mech.py",
                 extra=()) -> list:
     """A run's command line; extra: mech.py flags given to the whole sweep (after the run's own
@@ -131,31 +168,115 @@ def run_command(run: dict, out: str, python: str = "python", script: str = "mech
     return [python, script, *run_args(run), *extra, "--out", out, "--quiet"]
 
 
-def run_sweep(runs: list, root: str, jobs: int, extra=(), log=print) -> None:
-    """Run the runs that have no result yet in `jobs` local processes, splitting the CPU threads
-    between them; each process writes its output to <run folder>/log.txt."""
+def finished(folder: str, cfg: mech.Config) -> bool:
+    """Whether folder holds the run of cfg, finished: a metrics.json beside a config.json of the
+    same run (mech.identity), not merely a run of the same name."""
+    if not os.path.exists(os.path.join(folder, "metrics.json")):
+        return False
+    try:
+        return mech.identity(mech.stored_config(folder)) == mech.identity(cfg)
+    except (mech.RunError, OSError):  # damaged, foreign or missing: mech.py will say which
+        return False
+
+
+# SIGTERM (a scheduler), SIGINT (Ctrl-C), SIGHUP (the terminal closed): the sweep stops its runs
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class Stopped(Exception):
+    """The sweep was told to stop by a signal."""
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stop_requests():
+    """A list that the STOP_SIGNALS append to: the sweep stops where it chooses, never between
+    starting a run and noting it down (a run it does not know of would outlive it)."""
+    stop = []
+    main = threading.current_thread() is threading.main_thread()  # the only one signals reach
+    # a signal ignored already stays so: under nohup, a closed terminal does not stop the sweep
+    old = {s: signal.signal(s, lambda signum, _: stop.append(signum)) for s in STOP_SIGNALS
+           if main and signal.getsignal(s) is not signal.SIG_IGN}
+    try:
+        yield stop
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+def run_sweep(runs: list, root: str, jobs: int, extra=(), log=print) -> list:
+    """Run the runs that are not finished (see `finished`) in `jobs` local processes, splitting the
+    CPU threads between them; each process writes its output to <run folder>/log.txt. Returns the
+    folders of the runs that failed. On a STOP_SIGNAL (then Stopped) or any error, the runs still
+    going are stopped at a checkpoint first, so that none outlives the sweep: a sweep started again
+    would otherwise run the same folders at the same time."""
     todo = [(name, run) for name, run in runs
-            if not os.path.exists(os.path.join(root, name, "metrics.json"))]
+            if not finished(os.path.join(root, name), run_config(run, extra))]
     log(f"{len(runs) - len(todo)} of {len(runs)} runs already done; "
         f"running {len(todo)} in {jobs} processes")
     threads = max(1, (os.cpu_count() or 1) // jobs)
+    running, failed = {}, []  # running: {process: its run folder}
+    with stop_requests() as stop:
+        try:
+            while todo or running:
+                if stop:
+                    raise Stopped(stop[0])
+                while todo and len(running) < jobs:
+                    name, run = todo.pop(0)
+                    out = os.path.join(root, name)
+                    running[start_run(run, out, extra, threads)] = out
+                time.sleep(0.1)
+                failed += ended_runs(running, log)
+        except BaseException:
+            stop_runs(list(running))  # signals that come meanwhile are noted, not obeyed
+            raise
+    return failed
 
-    def one(item):
-        name, run = item
-        out = os.path.join(root, name)
-        os.makedirs(out, exist_ok=True)
-        cmd = run_command(run, out, sys.executable, os.path.join(ROOT, "mech.py"), extra)
-        cmd += ["--threads", str(threads)]
-        with open(os.path.join(out, "log.txt"), "a") as f:
-            code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
-        log(f"{'done' if code == 0 else f'FAILED (exit {code}, see {out}/log.txt)'}: "
-            f"{shlex.join(cmd[1:])}")
-        return code
-    with ThreadPoolExecutor(jobs) as pool:
-        failed = sum(code != 0 for code in pool.map(one, todo))
-    if failed:
-        raise RuntimeError(f"{failed} of {len(todo)} runs failed; "
-                           "rerun the same command to retry them")
+
+def start_run(run: dict, out: str, extra, threads: int) -> subprocess.Popen:
+    """Start a run's process, its output appended to out/log.txt. It gets a process group of its
+    own: a Ctrl-C in the terminal reaches the sweep only, which then stops every run the same way
+    (stop_runs), each with the processes it may have started."""
+    os.makedirs(out, exist_ok=True)
+    cmd = run_command(run, out, sys.executable, os.path.join(ROOT, "mech.py"), extra)
+    with open(os.path.join(out, "log.txt"), "a") as f:
+        return subprocess.Popen(cmd + ["--threads", str(threads)], stdin=subprocess.DEVNULL,
+                                stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def ended_runs(running: dict, log) -> list:
+    """Take the runs that have ended out of running ({process: run folder}), each reported in one
+    line; returns the folders of those that failed."""
+    failed = []
+    for proc in [p for p in running if p.poll() is not None]:
+        out = running.pop(proc)
+        code = proc.returncode
+        log(f"{f'FAILED (exit {code}, see {out}/log.txt)' if code else 'done'}: "
+            f"{shlex.join(proc.args[1:])}")
+        if code:
+            failed.append(out)
+    return failed
+
+
+def stop_runs(procs: list, grace_s: float = 30) -> None:
+    """Stop runs as mech.py stops on SIGTERM (it saves a checkpoint, exit code 130), killing those
+    still there after grace_s seconds."""
+    for proc in procs:
+        signal_group(proc, signal.SIGTERM)
+    deadline = time.time() + grace_s
+    for proc in procs:
+        try:
+            proc.wait(max(0.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            signal_group(proc, signal.SIGKILL)
+            proc.wait()
+
+
+def signal_group(proc: subprocess.Popen, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # its group has ended already
+        os.killpg(proc.pid, sig)
 
 
 # ─────────────────────────────────────────────────────────────────────────────────────────────
@@ -195,29 +316,74 @@ def reacts(r: dict) -> bool:
     return "attrib" in r and r["effect"] >= MIN_EFFECT[r["task"]]
 
 
+# the Config fields, which a record holds (those its mech.py knew of) beside its results
+CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(mech.Config))
+
+
+def configuration(r: dict) -> dict:
+    """A record's run as mech.py tells runs apart (mech.identity): fields that an older mech.py did
+    not write take their defaults; a record that makes no Config keeps its own fields."""
+    fields = {k: r[k] for k in CONFIG_FIELDS if k in r}
+    try:
+        return mech.identity(mech.Config(**fields))
+    except (TypeError, ValueError):
+        return fields
+
+
+def config_key(r: dict, ignore=("seed",)) -> tuple:
+    """What runs share to be grouped together: their configuration but the fields in ignore."""
+    return tuple((k, v) for k, v in configuration(r).items() if k not in ignore)
+
+
 def summary_table(records: list) -> str:
     """Markdown, one row per configuration (runs that differ only in their seed): the test accuracy
     as mean ± sample standard deviation over seeds (min-max), and the main-setting Attribs averaged
     over the seeds whose answer reacts to the corruption (as in the figures), with how many seeds
-    those are."""
+    those are. Configurations that the columns do not tell apart have their other differences
+    added to the model: mamba (steps 1500)."""
     groups = {}
     for r in records:
+        groups.setdefault(config_key(r), []).append(r)
+    by_row = {}  # the columns' values -> [(configuration, runs)]
+    for key, rs in groups.items():
+        r = rs[0]
         task = r["task"] + (f" {r['atr']}" if r["task"] == "atr" else "")
         model = r["arch"] + conv_variant(r) + pe_variant(r)
-        groups.setdefault((task, model, r["n_layer"], r["d_model"], r["lr"]), []).append(r)
+        by_row.setdefault((task, model, r["n_layer"], r["d_model"], r["lr"]), []).append(
+            (dict(key), rs))
+    rows = sorted(((columns + (told,), rs) for columns, same in by_row.items()
+                   for told, (_, rs) in zip(told_apart([c for c, _ in same]), same)),
+                  key=lambda row: row[0])
     lines = ["| task | model | layers | d | lr | seeds | accuracy "
              "| Attrib Key / Value / Query (seeds) |", "|---|---|---:|---:|---:|---:|---|---|"]
-    for (task, model, n_layer, d, lr), rs in sorted(groups.items()):
-        acc = [r["accuracy"] for r in rs]
-        spread = (f" ± {np.std(acc, ddof=1):.3f} ({min(acc):.3f}-{max(acc):.3f})"
-                  if len(acc) > 1 else "")
-        act = [r for r in rs if reacts(r)]
-        attrib = (" / ".join(f"{np.mean([r['attrib'][p] for r in act]):.2f}"
-                             for p in ("key", "value", "query"))
-                  + f" ({len(act)})") if act else "- (0)"
-        lines.append(f"| {task} | {model} | {n_layer} | {d} | {lr:g} | {len(rs)} "
-                     f"| {np.mean(acc):.3f}{spread} | {attrib} |")
+    for (task, model, n_layer, d, lr, told), rs in rows:
+        lines.append(f"| {task} | {model}{told} | {n_layer} | {d} | {lr:g} | {len(rs)} "
+                     f"| {accuracy_cell(rs)} | {attrib_cell(rs)} |")
     return "\n".join(lines)
+
+
+def told_apart(configs: list) -> list:
+    """For configurations that would print the same row, what tells each apart: e.g.
+    [" (steps 1500)", " (steps 15000)"]; for one configuration, [""]."""
+    fields = dict.fromkeys(k for c in configs for k in c)
+    differ = [k for k in fields if len({repr(c.get(k)) for c in configs}) > 1]
+    return [f" ({', '.join(f'{k} {c.get(k)}' for k in differ)})" if differ else ""
+            for c in configs]
+
+
+def accuracy_cell(rs: list) -> str:
+    acc = [r["accuracy"] for r in rs]
+    spread = (f" ± {np.std(acc, ddof=1):.3f} ({min(acc):.3f}-{max(acc):.3f})"
+              if len(acc) > 1 else "")
+    return f"{np.mean(acc):.3f}{spread}"
+
+
+def attrib_cell(rs: list) -> str:
+    act = [r for r in rs if reacts(r)]
+    if not act:
+        return "- (0)"
+    return (" / ".join(f"{np.mean([r['attrib'][p] for r in act]):.2f}"
+                       for p in ("key", "value", "query")) + f" ({len(act)})")
 
 
 def conv_variant(r: dict) -> str:
@@ -236,18 +402,19 @@ def pe_variant(r: dict) -> str:
 
 
 def best_over_lr(records: list, *keys) -> dict:
-    """The paper's reported accuracy: per (keys..., d_model, seed), the run with the best final
+    """The paper's reported accuracy: per configuration and seed, the run with the best final
     accuracy over learning rates (by dev accuracy where there is one, as the paper does for ATR
-    generalisation). Returns {(keys..., d_model): [best record per seed]}."""
+    generalisation). Returns {(keys..., d_model): [best record per seed and configuration]}."""
     best = {}
     for r in records:
-        k = tuple(r[key] for key in keys) + (r["d_model"], r["seed"])
+        k = tuple(r[key] for key in keys) + (r["d_model"], config_key(r, ("seed", "lr")),
+                                             r["seed"])
         score = r["dev_accuracy"] if r["dev_accuracy"] is not None else r["accuracy"]
         if k not in best or score > best[k][0]:
             best[k] = (score, r)
     out = {}
     for k, (_, r) in sorted(best.items(), key=lambda kv: str(kv[0])):
-        out.setdefault(k[:-1], []).append(r)
+        out.setdefault(k[:-2], []).append(r)
     return out
 
 
@@ -301,6 +468,12 @@ def layers_label(n: int) -> str:
 def best_accuracies(records: list) -> list:
     """The test accuracy of each seed (and width) at its best learning rate."""
     return [r["accuracy"] for g in best_over_lr(records, "arch").values() for r in g]
+
+
+def main_variant(r: dict) -> bool:
+    """Whether a run has the paper's position-embedding choice and no held-out label pairs: what
+    the figures on convolutions hold fixed."""
+    return not pe_variant(r) and not r.get("held_out")
 
 
 def main_ar(records: list) -> list:
@@ -366,7 +539,7 @@ def mamba_dconv(records: list, out_dir: str) -> list:
     for task, name, title in (("ar", "ar_mamba_dconv.png", "AR"),
                               ("atr", "atr_mamba_dconv.png", "ATR easy")):
         rs = [r for r in records if r["task"] == task and r["arch"] == "mamba" and r["n_layer"] == 2
-              and r.get("atr", "easy") == "easy"]
+              and r.get("atr", "easy") == "easy" and main_variant(r)]
         widths = sorted({r["d_conv"] for r in rs})
         if len(widths) < 2:
             continue
@@ -401,7 +574,7 @@ def mamba_conv_restored(records: list, out_dir: str) -> list:
     """arXiv 2505.15105v3, Mamba's induction lives in its short convolution: the Attrib of patching
     layer 0's conv output at the Value and at Value+1, per task and conv width."""
     rs = [r for r in records if r["arch"] == "mamba" and r["n_layer"] == 2 and r.get("conv")
-          and reacts(r)]
+          and main_variant(r) and reacts(r)]
     if not rs:
         return []
 
@@ -422,7 +595,8 @@ def mamba_conv_restored(records: list, out_dir: str) -> list:
 
 def based_conv(records: list, out_dir: str) -> list:
     """§5.4 (based_ar_32): Based on AR with its BaseConv kernel 1..4 or the implicit long conv."""
-    rs = [r for r in records if r["task"] == "ar" and r["arch"] == "based" and r["n_layer"] == 2]
+    rs = [r for r in records if r["task"] == "ar" and r["arch"] == "based" and r["n_layer"] == 2
+          and main_variant(r)]
 
     def kind(r):
         return "long" if r["long_conv"] else r["d_conv"]
@@ -566,9 +740,34 @@ FIGURES = (ar_accuracy, ar_mechanism, mamba_dconv, mamba_conv_restored, based_co
            ar_layers_attrib, atr_accuracy, atr_mechanism)
 
 
-def plot_figures(records: list, out_dir: str) -> list:
+# what the figures compare runs by (their panels, columns and points); the other fields but the
+# seed and the learning rate (which the figures take the best of) are the training protocol
+COMPARED = ("task", "atr", "arch", "n_layer", "d_model", "d_conv", "long_conv", "pos_emb",
+            "held_out")
+
+
+def one_protocol(records: list, log=print) -> list:
+    """The records the figures draw: of each model (its COMPARED fields), the runs of one training
+    protocol, the one with the most runs, so that no point averages runs trained otherwise (a quick
+    look with --steps 1500 beside the full sweep, say). A note names the runs left out; the summary
+    table has them all."""
+    protocols = {}
+    for r in records:
+        model = tuple(configuration(r).get(k) for k in COMPARED)
+        protocols.setdefault(model, {}).setdefault(
+            config_key(r, COMPARED + ("seed", "lr")), []).append(r)
+    drawn = {id(r) for ps in protocols.values() for r in max(ps.values(), key=len)}
+    left = [r["folder"] for r in records if id(r) not in drawn]
+    if left:
+        log(f"figures: {len(left)} runs left out, trained otherwise than most runs of their "
+            f"model: {', '.join(left)}")
+    return [r for r in records if id(r) in drawn]
+
+
+def plot_figures(records: list, out_dir: str, log=print) -> list:
     """Draw every figure the records allow as PNGs in out_dir; returns the paths written."""
     os.makedirs(out_dir, exist_ok=True)
+    records = one_protocol(records, log)
     return [path for figure in FIGURES for path in figure(records, out_dir)]
 
 
@@ -613,18 +812,29 @@ def checked_runs(args, run_flags: list, parser: Parser) -> list:
         if args.jobs < 1:
             raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
         seeds = args.seeds if args.seeds is not None else 3 if args.scale == "cpu" else 1
-        runs = sweep_runs(args.sweep, args.scale, seeds)
-        run_parser = mech.build_parser()
-        run_parser.prog = parser.prog  # its one-line errors then name this script
+        overrides = sweep_overrides(run_flags, parser.prog)
+        runs = sweep_runs(args.sweep, args.scale, seeds, overrides)
         for _, run in runs:
-            run_args_ns = run_parser.parse_args(run_args(run) + run_flags)
-            if run_args_ns.out is not None:
-                raise ValueError("--out: each run's folder is <sweep dir>/<run name>; "
-                                 "choose the sweep dir with --sweep-dir")
-            mech.config_from_args(run_args_ns)
+            run_config(run, run_flags, parser.prog)
     except ValueError as e:
         parser.error(str(e))
     return runs
+
+
+def sweep_or_exit(runs: list, root: str, jobs: int, run_flags: list, parser: Parser) -> None:
+    """Run a sweep; if it stops short, say so in one line and how to go on (exit code 1, or 128 +
+    the signal's number, as a shell reports a process that a signal ended)."""
+    resume = "the same command resumes the sweep"
+    try:
+        failed = run_sweep(runs, root, jobs, run_flags)
+    except Stopped as e:
+        parser.exit(128 + e.signum, f"{parser.prog}: {e}, and its runs with it; {resume}\n")
+    except Exception as e:  # its runs are stopped; one line, as for a failed run
+        parser.exit(1, f"{parser.prog}: error: {type(e).__name__}: {e}; {resume}\n")
+    if failed:
+        parser.exit(1, f"{parser.prog}: {len(failed)} of {len(runs)} runs failed, each named "
+                    "above with its log.txt; the same command retries them, and with --force (a "
+                    "mech.py flag) starts over those whose folder holds another configuration\n")
 
 
 def collect_and_draw(root: str, figures_dir: str, parser: Parser) -> list:
@@ -658,7 +868,7 @@ def main(argv=None) -> list:
             for name, run in runs:
                 print(shlex.join(run_command(run, os.path.join(root, name), extra=run_flags)))
             return []
-        run_sweep(runs, root, args.jobs, run_flags)
+        sweep_or_exit(runs, root, args.jobs, run_flags, parser)
     root = args.collect or root  # --collect DIR, or the sweep just run
     return collect_and_draw(root, args.figures_dir or os.path.join(root, "figures"), parser)
 

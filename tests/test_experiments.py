@@ -1,6 +1,8 @@
 import collections
+import dataclasses
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -22,8 +24,31 @@ TINY = ["--steps", "6", "--d-model", "8", "--num-kv", "64", "--n-train", "64", "
         "--eval-every", "3", "--scan", "ref"]
 
 
+# the same for ATR, whose sweep atr-attention-nope has only 2 runs; each test adds its --steps
+ATR_TINY = ["--d-model", "8", "--n-train", "64", "--n-eval", "16", "--no-interventions"]
+
+
 def parse(run):
     return mech.config_from_args(mech.build_parser().parse_args(experiments.run_args(run)))
+
+
+def processes_in(folder) -> list:
+    """The pids of the live processes whose command line names folder (a sweep and its runs)."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if str(folder).encode() in f.read():  # a zombie's is empty
+                    pids.append(int(pid))
+        except OSError:  # it ended meanwhile
+            pass
+    return pids
+
+
+def record(folder, accuracy, **fields):
+    """A record as collect makes it from a run folder, of the run Config(**fields)."""
+    return dict(dataclasses.asdict(mech.Config(**fields)), folder=folder, accuracy=accuracy,
+                dev_accuracy=None, wall_time_s=1.0)
 
 
 # ── enumeration ──────────────────────────────────────────────────────────────────────────────
@@ -106,6 +131,7 @@ def test_printed_commands_run(tmp_path, capsys):
                            timeout=300)
         assert r.returncode == 0, r.stderr
         out = cmd[cmd.index("--out") + 1]
+        assert re.fullmatch(r"ar_mamba_dconv\d_s42_x[0-9a-f]{8}", os.path.basename(out))  # TINY's hash
         with open(os.path.join(out, "metrics.json")) as f:
             assert "interventions" in json.load(f)
 
@@ -128,7 +154,9 @@ def test_interrupted_sweep_resumes_and_keeps_finished_runs(tmp_path):
     deadline = time.time() + 300
     while not done() and time.time() < deadline:
         time.sleep(0.2)
-    os.killpg(p.pid, signal.SIGKILL)  # the sweep and the run it had started, as a lost job would be
+    os.killpg(p.pid, signal.SIGKILL)  # the sweep, and the run it had started (in a process group of
+    for pid in processes_in(tmp_path):  # its own), as a job's processes are when the job is lost
+        os.kill(pid, signal.SIGKILL)
     p.wait()
     first = {path: path.stat().st_mtime_ns for path in done()}
     assert 1 <= len(first) < 5
@@ -215,3 +243,112 @@ def test_best_over_lr_picks_the_best_run_per_seed():
     assert [r["accuracy"] for r in best["a", 64]] == [0.9, 0.7]
     recs[1]["dev_accuracy"], recs[0]["dev_accuracy"] = 0.1, 0.8  # with a dev set, the dev accuracy chooses
     assert experiments.best_over_lr(recs, "arch")["a", 64][0]["accuracy"] == 0.5
+
+
+# ── what a sweep counts as done, and how it stops ────────────────────────────────────────────
+
+def test_sweep_flags_name_their_own_runs():
+    plain = [name for name, _ in experiments.sweep_runs("ar-dconv", "cpu", 1)]
+    quick = [name for name, _ in experiments.sweep_runs("ar-dconv", "cpu", 1, experiments.sweep_overrides(["--steps", "1500"]))]
+    longer = [name for name, _ in experiments.sweep_runs("ar-dconv", "cpu", 1, experiments.sweep_overrides(["--steps", "3000"]))]
+    assert plain[0] == "ar_mamba_dconv0_s42" and re.fullmatch(r"ar_mamba_dconv0_s42_x[0-9a-f]{8}", quick[0])
+    assert len(set(plain + quick + longer)) == 15  # a quick look never shares a folder with the full sweep
+    # flags that do not change what is trained leave the names alone: --force can start a folder over
+    assert experiments.sweep_overrides(["--steps", "1500", "--force", "--device", "cpu", "--no-interventions"]) == {"steps": 1500}
+
+
+def test_a_run_is_done_only_if_its_folder_holds_that_very_run(tmp_path):
+    run = experiments.sweep_runs("ar-dconv", "cpu", 1)[0][1]
+    cfg = experiments.run_config(run, TINY)
+    folder = tmp_path / "run"
+    folder.mkdir()
+    write_config = lambda c: mech.write_json(str(folder / "config.json"), c)
+    write_config(dataclasses.asdict(cfg))
+    assert not experiments.finished(str(folder), cfg)  # not finished: no metrics.json
+    (folder / "metrics.json").write_text("{}")
+    assert experiments.finished(str(folder), cfg)
+    assert not experiments.finished(str(folder), experiments.run_config(run, TINY + ["--steps", "7"]))
+    old = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("preset", "atr", "bucket", "grammar_seed", "held_out")}
+    write_config(old)  # an older mech.py's config.json: its missing fields take their defaults
+    assert experiments.finished(str(folder), cfg)
+    write_config(dict(old, no_such_field=1))  # damaged, foreign, missing: not done (mech.py will say why)
+    assert not experiments.finished(str(folder), cfg)
+    (folder / "config.json").write_text("{")
+    assert not experiments.finished(str(folder), cfg)
+    (folder / "config.json").unlink()
+    assert not experiments.finished(str(folder), cfg)
+
+
+def test_a_failed_sweep_says_so_in_one_line_and_force_starts_its_folders_over(tmp_path):
+    flags = ATR_TINY + ["--steps", "20", "--eval-every", "10"]
+    args = [sys.executable, SCRIPT, "--sweep", "atr-attention-nope", "--seeds", "1", "--jobs", "2", "--sweep-dir",
+            str(tmp_path), "--figures-dir", str(tmp_path / "figures"), *flags]
+    runs = experiments.sweep_runs("atr-attention-nope", "cpu", 1, experiments.sweep_overrides(flags))
+    (easy, easy_run), (medium, _) = ((tmp_path / name, run) for name, run in runs)
+    easy.mkdir()  # a finished run of another seed under this run's name; a damaged config.json
+    mech.write_json(str(easy / "config.json"), dataclasses.asdict(experiments.run_config(easy_run, flags + ["--seed", "7"])))
+    (easy / "metrics.json").write_text("{}")
+    medium.mkdir()
+    (medium / "config.json").write_text('{"task": "at')
+    r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1 and "0 of 2 runs already done" in r.stdout, r.stdout + r.stderr
+    failed = [line for line in r.stdout.splitlines() if line.startswith("FAILED (exit 1, see ")]
+    assert sorted(line.split("see ")[1].split(")")[0] for line in failed) == [f"{easy}/log.txt", f"{medium}/log.txt"]
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and "2 of 2 runs failed" in err[0] and "--force" in err[0], r.stderr
+    assert "holds another run" in (easy / "log.txt").read_text() and "corrupt" in (medium / "log.txt").read_text()
+    r = subprocess.run(args + ["--force"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "0 of 2 runs already done" in r.stdout, r.stdout + r.stderr  # the same folders
+    assert all(experiments.finished(str(tmp_path / name), experiments.run_config(run, flags)) for name, run in runs)
+
+
+def test_a_stopped_sweep_stops_its_runs_at_a_checkpoint_and_resumes(tmp_path):
+    args = [sys.executable, SCRIPT, "--sweep", "atr-attention-nope", "--seeds", "1", "--jobs", "2", "--sweep-dir",
+            str(tmp_path), "--figures-dir", str(tmp_path / "figures"), *ATR_TINY, "--steps", "600", "--eval-every", "600"]
+    p = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while len(list(tmp_path.glob("*/config.json"))) < 2 and time.time() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)  # both runs training (seconds of it)
+        assert len(processes_in(tmp_path)) == 3  # the sweep and its two runs
+        p.send_signal(signal.SIGTERM)  # to the sweep alone: its runs have process groups of their own
+        out, err = p.communicate(timeout=120)
+    finally:  # whatever happened, leave nothing running
+        for pid in processes_in(tmp_path):
+            os.kill(pid, signal.SIGKILL)
+    assert p.returncode == 128 + signal.SIGTERM, out + err
+    assert len(err.strip().splitlines()) == 1 and "the same command resumes the sweep" in err, err
+    assert processes_in(tmp_path) == []  # no run outlives the sweep
+    assert len(list(tmp_path.glob("*/checkpoint.pt"))) == 2 and not list(tmp_path.glob("*/metrics.json"))
+    r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "0 of 2 runs already done" in r.stdout, r.stdout + r.stderr
+    for path in tmp_path.glob("*/metrics.json"):
+        assert json.loads(path.read_text())["steps"] == 600
+    assert len(list(tmp_path.glob("*/metrics.json"))) == 2
+
+
+# ── collecting: seeds of one configuration, never more ───────────────────────────────────────
+
+def test_runs_that_differ_in_more_than_their_seed_are_never_averaged():
+    mamba = dict(task="ar", arch="mamba")
+    full = [record(f"full{s}", acc, **mamba, seed=s) for s, acc in ((42, 0.9), (43, 0.8))]
+    old = {k: v for k, v in full[0].items() if k not in ("preset", "atr", "bucket", "grammar_seed", "held_out")}
+    full.append(dict(old, seed=44, folder="old44", accuracy=0.7))  # an older mech.py's: the same run
+    quick = [record(f"quick{s}", acc, **mamba, steps=1500, seed=s) for s, acc in ((42, 0.1), (43, 0.2))]
+    small = [record("small42", 0.5, **mamba, n_train=64, seed=42)]
+    rows = [line.split(" | ") for line in experiments.summary_table(full + quick + small).splitlines()[2:]]
+    # the rows the columns cannot tell apart name their other differences
+    assert [(row[1], row[5], row[6].split()[0]) for row in rows] == [
+        ("mamba (n_train 100032, steps 1500)", "2", "0.150"), ("mamba (n_train 100032, steps 20000)", "3", "0.800"),
+        ("mamba (n_train 64, steps 20000)", "1", "0.500")]
+    assert [row[1] for row in (line.split(" | ") for line in experiments.summary_table(full).splitlines()[2:])] == ["mamba"]
+    # the best learning rate is chosen within a configuration: the quick look's does not stand in for the full run's
+    lrs = [dict(r, lr=1e-2, accuracy=r["accuracy"] - 0.05, folder=r["folder"] + "lr") for r in full]
+    best = experiments.best_over_lr(full + lrs + [dict(quick[0], accuracy=0.95)], "arch")
+    assert sorted(r["folder"] for r in best["mamba", 64]) == ["full42", "full43", "old44", "quick42"]
+    # the figures draw each model from one protocol, the one with the most runs, and name the others
+    notes = []
+    drawn = experiments.one_protocol(full + quick + small, log=notes.append)
+    assert [r["folder"] for r in drawn] == ["full42", "full43", "old44"]
+    assert len(notes) == 1 and all(name in notes[0] for name in ("quick42", "quick43", "small42"))
