@@ -1441,8 +1441,10 @@ def main(argv=None):
         return load_and_analyse(args, parser) if args.load else run(cfg, args)
     except RunError as e:
         parser.exit(e.code, f"{parser.prog}: {e}\n")
-    except (OSError, MemoryError) as e:  # a folder that cannot be written, memory not to be had
-        parser.exit(1, f"{parser.prog}: error: {e}\n")
+    except (OSError, MemoryError, RuntimeError) as e:  # a folder not to be written, no memory
+        if isinstance(e, RuntimeError) and "alloc" not in str(e):
+            raise
+        parser.exit(1, f"{parser.prog}: error: {str(e).strip().splitlines()[-1]}\n")
 
 
 def idle_cores(seconds: float = 0.25) -> int:

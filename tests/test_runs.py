@@ -156,3 +156,11 @@ def test_sigint_saves_a_checkpoint_and_the_rerun_ends_where_an_uninterrupted_run
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-6, atol=1e-7, msg=name)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+
+
+@pytest.mark.skipif(open("/proc/sys/vm/overcommit_memory").read().strip() != "0",
+                    reason="only the kernel's heuristic overcommit refuses an impossible allocation")
+def test_a_model_that_cannot_fit_in_memory_ends_in_one_line(tmp_path, capsys):
+    code, err = run([*TINY, "--d-model", "2000000", "--out", str(tmp_path / "x")], capsys)
+    assert code == 1
+    one_line(err, "can't allocate memory")
