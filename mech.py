@@ -820,6 +820,7 @@ def claim_folder(out: str, cfg: Config, force: bool = False):
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
+        lock.close()
         raise RunError(f"{out} is in use by another process; wait for it or choose another --out")
     names = ("config.json", "checkpoint.pt", "metrics.json", "model.pt", "mechanism.png")
     for name in names if force else ():
@@ -828,6 +829,7 @@ def claim_folder(out: str, cfg: Config, force: bool = False):
     if not os.path.exists(path):
         write_json(path, dataclasses.asdict(cfg))
     elif (theirs := identity(stored_config(out))) != mine:
+        lock.close()  # released now, not when the garbage collector finds it
         diff = ", ".join(f"{k} {v} (asked: {mine[k]})" for k, v in theirs.items() if v != mine[k])
         raise RunError(f"{out} holds another run ({diff}); choose another --out, or --force to "
                        "start it over")
