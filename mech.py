@@ -1444,7 +1444,7 @@ def main(argv=None):
     except RunError as e:
         parser.exit(e.code, f"{parser.prog}: {e}\n")
     except (OSError, MemoryError, RuntimeError) as e:  # a folder not to be written, no memory
-        if isinstance(e, RuntimeError) and "alloc" not in str(e):
+        if isinstance(e, RuntimeError) and not any(m in str(e) for m in ("alloc", "scan backend")):
             raise
         parser.exit(1, f"{parser.prog}: error: {str(e).strip().splitlines()[-1]}\n")
 

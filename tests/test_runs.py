@@ -164,3 +164,15 @@ def test_a_model_that_cannot_fit_in_memory_ends_in_one_line(tmp_path, capsys):
     code, err = run([*TINY, "--d-model", "2000000", "--out", str(tmp_path / "x")], capsys)
     assert code == 1
     one_line(err, "can't allocate memory")
+
+
+def test_scan_ext_without_a_compiler_ends_in_one_line(tmp_path):
+    import subprocess
+    import sys
+    env = dict(os.environ, CXX="no-such-compiler", MECH_SCAN_CACHE=str(tmp_path / "cache"))
+    p = subprocess.run([sys.executable, "mech.py", "--arch", "mamba", "--scan", "ext", *TINY[2:],
+                        "--out", str(tmp_path / "x")], cwd=os.path.dirname(os.path.dirname(
+                            os.path.abspath(__file__))), env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 1
+    one_line(p.stderr, "scan backend 'ext' is unavailable", "no C++ compiler")
