@@ -1,11 +1,10 @@
 """mech.py: a single-file reproduction of "Mechanistic evaluation of Transformers and state space
 models" (Arora, Rathi, Selvam, Csordás, Jurafsky, Potts; arXiv 2505.15105).
 
-The paper trains tiny 2-layer language models of seven architectures (Attention, BaseConv, Based,
-H3, Hyena, Mamba, DeltaNet) on Associative Recall (AR: output the value of a repeated key among 16
-key-value pairs) and Associative Treecall (ATR: recall a word's parent in a sentence of a random
-tree grammar), then asks *how* each model solved the task with interchange interventions. This file
-holds all of it, read top to bottom along one AR document, from its tokens to the verdict:
+The paper trains tiny 2-layer models of seven architectures (Attention, BaseConv, Based, H3, Hyena,
+Mamba, DeltaNet) on Associative Recall (AR: the value of a repeated key among 16 key-value pairs)
+and Associative Treecall (ATR: a word's parent in a sentence of a random tree grammar), then asks
+*how* each solved it with interchange interventions. All of it here, read along one AR document:
     1. the first task: Associative Recall       5. training (AdamW, warmup + schedule, evaluation)
     2. building blocks (MLP, causal convs)      6. interventions (the mechanistic evaluation)
     3. the seven sequence mixers                7. the second task: Associative Treecall
@@ -13,15 +12,12 @@ holds all of it, read top to bottom along one AR document, from its tokens to th
 Every sequence mixer maps (B, L, d) -> (B, L, d) and sits in a residual block,
     Block(x) = x + mixer(norm(x)), then x + MLP(norm(x))     (Mamba blocks have no MLP),
 so that "the residual stream entering layer l" is a plain tensor that can be read and patched.
-
-Guaranteed: the tasks, architectures and training protocol follow the official code's maths
-(aryamanarora/tinylang, its zoology fork, mamba-ssm 2.2.4, FLA's DeltaNet); an official quirk is a
-flag defaulting to the paper's intent (see Config). Not: bit-identical data or initial weights
-(other RNG call orders), nor the speed of fused CUDA kernels (scan_ext/ compiles Mamba's hot loop).
-The paper's sweeps, figures and report: figures/. Reading list: the paper (its v3 added DeltaNet and
-the conv-internal patching); Zoology (arXiv 2312.04927: AR, BaseConv, Based); H3 (2212.14052); Hyena
-(2302.10866); Mamba (2312.00752), mamba-minimal; DeltaNet (2406.06484); nanoGPT (this file's shape).
-
+Guaranteed: tasks, architectures and training follow the official code's maths (named with each
+component; an official quirk is a flag defaulting to the paper's intent). Not: bit-identical data or
+initial weights (other RNG call orders), nor fused CUDA kernels' speed (scan_ext/ compiles Mamba's
+hot loop). Sweeps, figures, report: figures/. Reading: the paper (v3 added DeltaNet, conv-internal
+patching); Zoology (arXiv 2312.04927: AR, BaseConv, Based); H3 (2212.14052); Hyena (2302.10866);
+Mamba (2312.00752), mamba-minimal; DeltaNet (2406.06484); nanoGPT (this file's shape).
 Glossary (code name: paper notation, meaning)
     d_model, d         "Model dimension": the width of the residual stream
     n_layer            number of blocks (2 in the main results)
@@ -32,10 +28,8 @@ Glossary (code name: paper notation, meaning)
     pos["query"]       Query: the repeated key; the prediction is read here
     pos["answer"]      the answer token (what follows the Query)
     d_conv             "Conv.": width of the short causal convolution (0 = none)
-    d_state            N: SSM state size per channel
-    d_inner            D = E * d (Mamba's expanded width, Algorithm 2)
-    dt_rank            R: rank of the projection that produces delta
-    delta              Δ: Mamba's input-dependent step size
+    d_state, d_inner   N: SSM state size per channel; D = E * d, Mamba's expanded width (Alg. 2)
+    dt_rank, delta     R: rank of the projection producing Δ, Mamba's input-dependent step size
     A, B, C, D         SSM parameters: A and D per channel, B and C per token (Mamba)
     phi                φ: Based's 2nd-order Taylor feature map, φ(q)·φ(k) ≈ exp(q·k/√f)
     feature_dim        f = 8: width of Based's q and k
@@ -79,10 +73,8 @@ TASKS = {"ar": lambda cfg: AR(cfg.num_kv, cfg.n_pairs)}  # name -> Config -> tas
 
 
 # 1. The first task: Associative Recall (AR) -----------------------------------------------------
-# A task makes documents (token ids with named positions: Key, Value, Query, ...) from a numpy RNG;
-# the rest of the file sees only that interface, so the second task (ATR, section 7) plugs in.
-def rng_for(seed: int, stream: str) -> Generator:
-    """An independent, reproducible numpy RNG per (seed, purpose): train data, test data, ..."""
+# The rest of the file sees a task only through its documents (ids, named positions): ATR plugs in.
+def rng_for(seed: int, stream: str) -> Generator:  # an independent RNG per (seed, purpose)
     return np.random.default_rng([seed, zlib.crc32(stream.encode())])
 
 
@@ -103,28 +95,20 @@ def other_than(tokens: torch.Tensor, first: int, n: int, rng: Generator) -> torc
 
 
 @dataclasses.dataclass
-class Examples:
-    """A set of documents with their named positions (one position per document and name)."""
+class Examples:  # documents with their named positions (one per document and name)
     ids: torch.Tensor  # (n, L) token ids, right-padded with PAD when lengths differ
     pos: dict          # name -> (n,) LongTensor: key, value, divider, query, answer
-
     @classmethod
     def from_numpy(cls, ids: np.ndarray, **pos: np.ndarray) -> "Examples":
         return cls(torch.from_numpy(ids), {k: torch.from_numpy(v).long() for k, v in pos.items()})
-
     def __len__(self):
         return len(self.ids)
-
     def __getitem__(self, i):  # a slice or an index tensor selects documents
         return Examples(self.ids[i], {name: p[i] for name, p in self.pos.items()})
-
     def to(self, device):
         return Examples(self.ids.to(device), {name: p.to(device) for name, p in self.pos.items()})
-
-    def trim(self):
-        """Drop padding no document needs (ATR's lengths vary): causal models predict the same."""
+    def trim(self):  # drop padding no document needs (ATR): causal models predict the same
         return Examples(self.ids[:, :int(self.pos["answer"].max()) + 2], self.pos)
-
     @property
     def answer(self) -> torch.Tensor:  # (n,) the token the model must predict at pos["query"]
         return self.ids[torch.arange(len(self.ids), device=self.ids.device), self.pos["answer"]]
@@ -144,7 +128,6 @@ class AR:
         self.n_keys, self.n_pairs = num_kv // 2, n_pairs  # keys and values each get half of num_kv
         self.first_key, self.first_value = 3, 3 + self.n_keys
         self.vocab_size, self.length = num_kv + 4, 2 * n_pairs + 5
-
     def sample(self, n: int, rng: Generator, split: str = "train") -> Examples:
         """n documents. AR has no held-out split: train and test documents differ by their rng."""
         P, L = self.n_pairs, self.length
@@ -157,7 +140,6 @@ class AR:
         ids[:, 2 * P + 2], ids[:, 2 * P + 3] = keys[rows, i], values[rows, i]  # Query, answer
         return Examples.from_numpy(ids, key=2 * i + 1, value=2 * i + 2, divider=np.full(n, L - 4),
                                    query=np.full(n, L - 3), answer=np.full(n, L - 2))
-
     def other_token(self, kind: str, tokens: torch.Tensor, rng: Generator) -> torch.Tensor:
         """Per token, a uniform *different* token of its kind ("key" or "value"): counterfactual."""
         first = {"key": self.first_key, "value": self.first_value}[kind]
@@ -169,12 +151,10 @@ def make_task(cfg: "Config"):
 
 
 # 2. Building blocks: the MLP, causal convolutions (short and long), the implicit filters' grid --
-class MLP(nn.Module):
-    """fc2(GELU(fc1(x))) with a 4x hidden layer. Official: zoology/mixers/mlp.py."""
+class MLP(nn.Module):  # fc2(GELU(fc1(x))), a 4x hidden layer. Official: zoology/mixers/mlp.py
     def __init__(self, d: int):
         super().__init__()
         self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
     def forward(self, x):
         return self.fc2(F.gelu(self.fc1(x)))
 
@@ -186,7 +166,6 @@ class CausalConv1d(nn.Conv1d):
     multiply-adds on (B, L, C); Mamba, Hyena train ~1.15x faster on a CPU than with transposes."""
     def __init__(self, channels: int, width: int, bias: bool = True):
         super().__init__(channels, channels, width, groups=channels, padding=width - 1, bias=bias)
-
     def forward(self, x):                                   # x: (B, L, C)
         k, L = self.kernel_size[0], x.shape[1]
         x = F.pad(x, (0, 0, k - 1, 0))                      # (B, k-1+L, C): zeros before position 0
@@ -227,7 +206,6 @@ class Attention(nn.Module):
         super().__init__()
         self.n_head = n_head
         self.Wqkv, self.out_proj = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d)
-
     def forward(self, x):
         (B, L, d), h = x.shape, self.n_head
         q, k, v = self.Wqkv(x).view(B, L, 3, h, d // h).permute(2, 0, 3, 1, 4)  # 3 x (B, h, L, d/h)
@@ -244,7 +222,6 @@ class ImplicitLongConv(nn.Module):
         super().__init__()
         self.register_buffer("z", filter_time_grid()[0], persistent=False)  # fixed input grid
         self.mlp = nn.Sequential(nn.Linear(3, 16), nn.ReLU(), nn.Linear(16, d))
-
     def forward(self, u):                                   # u: (B, L, d)
         return causal_long_conv(u, self.mlp(self.z[:u.shape[1]]).T) + u  # the filter: (d, L)
 
@@ -257,7 +234,6 @@ class BaseConv(nn.Module):
         super().__init__()
         self.projection = nn.Linear(d, d)
         self.conv = CausalConv1d(d, width) if width else ImplicitLongConv(d)
-
     def forward(self, u):
         return self.conv(u) * self.projection(u) + u
 
@@ -274,7 +250,6 @@ class TaylorLinearAttention(nn.Module):
         self.feature_dim, self.eps = feature_dim, eps
         self.proj_q, self.proj_k = (nn.Linear(d, feature_dim, bias=False) for _ in range(2))
         self.proj_v, self.proj_o = (nn.Linear(d, d, bias=False) for _ in range(2))
-
     def forward(self, x):
         q, k, v = self.proj_q(x), self.proj_k(x), self.proj_v(x)  # (B, L, f), (B, L, f), (B, L, d)
         s = q @ k.transpose(1, 2) / math.sqrt(self.feature_dim)   # (B, L, L)
@@ -308,13 +283,11 @@ class H3(nn.Module):
         self.B = nn.Parameter(torch.view_as_real(torch.ones(H, M, dtype=torch.cfloat)).clone())
         self.C = nn.Parameter(torch.view_as_real(torch.randn(H, M, dtype=torch.cfloat)).clone())
         self.D, self.output_linear = nn.Parameter(torch.randn(H)), nn.Linear(d, d)
-
     def shift_kernel(self, L):  # (d, L): K[c, l] = Σ_j B[c, j] C[c, j + l], by FFT
         N = self.shift_B.shape[1]  # zero-padded to 2N, so that the FFT's wrap-around adds nothing
         fft = lambda x: torch.fft.rfft(x, n=2 * N)
         K = torch.fft.irfft(fft(self.shift_B).conj() * fft(self.shift_C), n=2 * N)[:, :min(L, N)]
         return F.pad(K, (0, max(0, L - N)))  # 0 past lag N-1
-
     def diag_kernel(self, L):   # (H, L), S4D with bilinear discretisation
         dt = self.log_dt.exp()[:, None]                                         # (H, 1)
         dtA = torch.complex(-self.inv_A_real.exp(), self.A_imag) * dt           # ΔA: (H, N/2)
@@ -335,7 +308,6 @@ class H3(nn.Module):
         X_re, X_im = Cr * big_re - Ci * big_im, Cr * big_im + Ci * big_re        # C dA^(s j)
         K = 2 * (X_re.transpose(1, 2) @ small_re - X_im.transpose(1, 2) @ small_im)  # (H, J, s)
         return K.flatten(1)[:, :L]
-
     def forward(self, u):
         (B, L, d), p, H = u.shape, self.p, self.H
         q, k, v = self.q_proj(u), self.k_proj(u), self.v_proj(u)              # (B, L, d) each
@@ -366,7 +338,6 @@ class HyenaFilter(nn.Module):
         self.omega = nn.Parameter(torch.ones(order))
         self.lin = nn.ModuleList(nn.Linear(3 if i == 0 else order, order) for i in range(3))
         self.out = nn.Linear(order, d, bias=False)
-
     def forward(self, L):
         h = self.z[:L]                                           # (L, 3)
         for lin in self.lin:
@@ -385,7 +356,6 @@ class Hyena(nn.Module):
         self.in_proj, self.short_filter = nn.Linear(d, 3 * d), CausalConv1d(3 * d, 3)
         self.filter = HyenaFilter(d, filter_order)
         self.D, self.d_skip, self.out_proj = nn.Parameter(torch.randn(d)), d_skip, nn.Linear(d, d)
-
     def forward(self, u):
         x1, x2, v = self.short_filter(self.in_proj(u)).chunk(3, dim=-1)    # (B, L, d) each
         v = v * x1
@@ -403,6 +373,14 @@ def selective_scan_ref(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta
         y_t = C_t · h_t + D u_t;   out = y ⊙ SiLU(z)         (the latter if z is given)
     Its other forms too: B or C constant over time, (d, n), or grouped, (b, g, n, l) with d/g
     channels per group; return_last_state returns (out, h_{l-1}). Real A only."""
+    def per_step(X, d, l):  # B or C as (b or 1, d or 1, l, n), for each of their forms
+        if X.dim() == 2:  # constant (d, n)
+            return X[None, :, None, :].expand(1, d, l, X.shape[1])
+        if X.dim() == 3:  # (b, n, l)
+            return X.transpose(1, 2)[:, None]
+        if d % X.shape[1]:  # grouped (b, g, n, l)
+            raise ValueError(f"selective_scan: {X.shape[1]} groups do not divide {d} channels")
+        return X.transpose(2, 3).repeat_interleave(d // X.shape[1], dim=1)
     dtype, (b, d, l) = u.dtype, u.shape
     up = lambda x: None if x is None else x.to(torch.promote_types(x.dtype, torch.float32))
     u, delta, A, B, C, D, z, delta_bias = map(up, (u, delta, A, B, C, D, z, delta_bias))
@@ -419,17 +397,6 @@ def selective_scan_ref(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta
     y = y if D is None else y + D[:, None] * u
     y = y if z is None else y * F.silu(z)
     return (y.to(dtype), h) if return_last_state else y.to(dtype)
-
-
-def per_step(X: torch.Tensor, d: int, l: int) -> torch.Tensor:
-    """B or C as (b or 1, d or 1, l, n), from (b, n, l), constant (d, n) or grouped (b, g, n, l)."""
-    if X.dim() == 2:
-        return X[None, :, None, :].expand(1, d, l, X.shape[1])
-    if X.dim() == 3:
-        return X.transpose(1, 2)[:, None]
-    if d % X.shape[1]:
-        raise ValueError(f"selective_scan: {X.shape[1]} groups do not divide {d} channels")
-    return X.transpose(2, 3).repeat_interleave(d // X.shape[1], dim=1)
 
 
 def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
@@ -479,7 +446,6 @@ class Mamba(nn.Module):
         self.dt_proj.bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus⁻¹(dt)
         self.A_log = nn.Parameter(torch.log(torch.arange(1, N + 1.0)).repeat(D_in, 1))  # (D_in, N)
         self.D = nn.Parameter(torch.ones(D_in))
-
     def forward(self, u):
         x, z = self.in_proj(u).chunk(2, dim=-1)                   # (B, L, D_in) each
         x = self.act_out(F.silu(self.conv_out(self.conv1d(self.conv_in(x)))))
@@ -522,7 +488,6 @@ class DeltaNet(nn.Module):
         self.q_conv1d, self.k_conv1d, self.v_conv1d = (short_conv(d, d_conv, bias=False)
                                                        for _ in range(3))
         self.o_norm, self.o_proj = nn.RMSNorm(d // n_head, eps=1e-5), nn.Linear(d, d, bias=False)
-
     def forward(self, x):
         (B, L, d), h = x.shape, self.n_head
         heads = lambda y: y.view(B, L, h, d // h).transpose(1, 2)          # (B, h, L, d/h)
@@ -536,13 +501,11 @@ class DeltaNet(nn.Module):
 
 
 # 4. Blocks, the language model, initialisation, and the registry of architectures ---------------
-class Block(nn.Module):
-    """A pre-norm residual block that maps the residual stream to the residual stream."""
+class Block(nn.Module):  # a pre-norm residual block: residual stream -> residual stream
     def __init__(self, d: int, mixer: nn.Module, mamba: bool):
         super().__init__()
         self.norm1, self.mixer = (nn.RMSNorm(d, eps=1e-5) if mamba else nn.LayerNorm(d)), mixer
         self.norm2, self.mlp = (None, None) if mamba else (nn.LayerNorm(d), MLP(d))  # Mamba: no MLP
-
     def forward(self, x):                      # x: (B, L, d)
         x = x + self.mixer(self.norm1(x))      # sequence mixing
         return x if self.mlp is None else x + self.mlp(self.norm2(x))  # per-position MLP
@@ -574,7 +537,6 @@ class LanguageModel(nn.Module):
                                     for i in range(cfg.n_layer))
         self.norm_f = nn.LayerNorm(d)
         init_weights(self, cfg)
-
     def forward(self, ids, at=None):
         """ids: (B, L). Returns logits (B, L, V), or (B, V) at one position per row if `at` (B,) is
         given: the task is scored at the Query only, and the (V x d) head is most of the cost."""
@@ -610,8 +572,7 @@ def init_weights(model: nn.Module, cfg: "Config"):
 
 
 # 5. Training ------------------------------------------------------------------------------------
-def opt(default, help, flag=None):
-    """A Config field with its --help text (and, if it differs from the field name, its flag)."""
+def opt(default, help, flag=None):  # a Config field, its --help text and (if not its name) flag
     return dataclasses.field(default=default, metadata=dict(help=help, flag=flag))
 
 
@@ -651,33 +612,30 @@ class Config:
     weight_decay: float = opt(0.0, "AdamW weight decay (the paper: 0)")
     eval_every: int | None = opt(None, "steps between evaluations on the test documents")
     seed: int = opt(42, "seed for the data and the initial weights")
-
     def __post_init__(self):
-        if self.preset not in PRESETS:
-            raise ValueError(f"unknown preset {self.preset!r}; choose from {', '.join(PRESETS)}")
+        presets = {"cpu": cpu_preset, "paper": paper_preset}  # defined below
+        if self.preset not in presets:
+            raise ValueError(f"unknown preset {self.preset!r}; choose from {', '.join(presets)}")
         arch_defaults = dict(pos_emb=self.arch == "attention", d_conv=DEFAULT_DCONV.get(self.arch))
-        defaults = {**arch_defaults, **PRESETS[self.preset](self)}  # for the fields left None
+        defaults = {**arch_defaults, **presets[self.preset](self)}  # for the fields left None
+        if self.steps is not None or self.epochs is not None:  # a given length wins
+            defaults = {k: v for k, v in defaults.items() if k not in ("steps", "epochs")}
         vars(self).update({name: v for name, v in defaults.items() if getattr(self, name) is None})
         check(self)
-
     @property
     def total_steps(self) -> int:
         return self.epochs * (self.n_train // self.batch_size) if self.steps is None else self.steps
 
 
 def paper_preset(cfg: Config) -> dict:
-    """The paper's protocol (tinylang experiments/*.yaml): 100,032 fixed documents replayed each
-    epoch, batch 32, 10% warmup, cosine to 0 (linear if held out), AR 16 epochs (50,016 steps), ATR
-    32 (100,032); the best of 5-7 learning rates."""
-    explicit = cfg.steps is not None or cfg.epochs is not None  # a given length wins
-    length = {} if explicit else dict(epochs=16 if cfg.task == "ar" else 32)
-    return dict(length, lr=1e-3, schedule="linear" if cfg.held_out else "cosine", fresh_data=False,
-                bucket=0, eval_every=200)
+    """The paper's protocol (tinylang experiments/*.yaml; the best of 5-7 learning rates): Config's
+    data, batch, warmup; cosine to 0 (linear if held out); AR 16 epochs (50,016 steps), ATR 32."""
+    return dict(epochs=16 if cfg.task == "ar" else 32, lr=1e-3, bucket=0, eval_every=200,
+                schedule="linear" if cfg.held_out else "cosine", fresh_data=False)
 
 
 def cpu_preset(cfg: Config) -> dict:
-    """The paper's task, documents, loss and batch at one of its widths (d = 64), on a schedule
-    calibrated on 2 CPU cores (README, "The CPU preset"): warmup, hold the peak, decay (wsd)."""
+    """The paper's task, data and batch at d = 64, on a wsd schedule fit to 2 CPU cores (README)."""
     out = dict(steps=15_000, lr=1e-3, schedule="wsd", fresh_data=False, eval_every=500,
                bucket=16 if cfg.task == "atr" else 0)  # ATR by length: 3x fewer tokens a step
     if (cfg.task, cfg.arch) == ("ar", "attention"):
@@ -686,16 +644,10 @@ def cpu_preset(cfg: Config) -> dict:
         # Mamba learns gradually and memorises the fixed set (train loss 0.03, test 0.66 at 25k
         # steps): fresh documents every step and its best rate of 1e-3 .. 1e-2 do better
         out.update(steps=20_000, lr=3e-3, fresh_data=True)
-    if cfg.steps is not None or cfg.epochs is not None:  # a given length wins over the preset's
-        del out["steps"]
     return out
 
 
-PRESETS = {"cpu": cpu_preset, "paper": paper_preset}
-
-
-def check(cfg: Config):
-    """Reject bad values with a one-line message that names the value and what is allowed."""
+def check(cfg: Config):  # reject bad values in one line that names the value and what is allowed
     def need(ok, msg):
         if not ok:
             raise ValueError(msg)
@@ -781,8 +733,7 @@ def batch_documents(length: np.ndarray, n_batches: int, batch_size: int, bucket:
     return batches
 
 
-class RunError(RuntimeError):
-    """A run that cannot go on, said in one line: the command line prints it, exit code `code`."""
+class RunError(RuntimeError):  # a run that cannot go on: one line for the CLI to print, exit `code`
     code = 1
 
 
@@ -822,7 +773,8 @@ def claim_folder(out: str, cfg: Config, force: bool = False):
     except BlockingIOError:
         lock.close()
         raise RunError(f"{out} is in use by another process; wait for it or choose another --out")
-    names = ("config.json", "checkpoint.pt", "metrics.json", "model.pt", "mechanism.png")
+    names = ("config.json", "checkpoint.pt", "metrics.json", "model.pt", "mechanism.png",
+             "dynamics.png")
     for name in names if force else ():
         pathlib.Path(out, name).unlink(missing_ok=True)
     path, mine = os.path.join(out, "config.json"), identity(cfg)
@@ -861,8 +813,7 @@ def training_batches(cfg: Config, task, dev: torch.device):
     return lambda step: train_batches[step % per_epoch].to(dev)
 
 
-def atomic_write(path: str, write) -> None:
-    """Call write(tmp_path), then rename over `path`: readers never see a half-written file."""
+def atomic_write(path: str, write) -> None:  # write(tmp), then rename: no reader sees half a file
     write(tmp := f"{path}.tmp{os.getpid()}")
     os.replace(tmp, path)
 
@@ -880,20 +831,8 @@ def save_checkpoint(path: str, model, optimizer, cfg: Config, **state) -> None:
     atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
-def load_checkpoint(path: str, model, optimizer, cfg: Config, dev) -> dict:
-    """The training state of the checkpoint at path (step, curve, elapsed, since, loss_sum), its
-    weights loaded into model and optimizer: only if the same configuration made it."""
-    ckpt = read(path, lambda p: torch.load(p, map_location=dev))
-    if ckpt.get("identity") != identity(cfg):
-        raise RunError(f"{path} was made by another configuration; --force starts the run over")
-    model.load_state_dict(ckpt.pop("model"))
-    optimizer.load_state_dict(ckpt.pop("optimizer"))
-    return ckpt
-
-
 @contextlib.contextmanager
-def stop_requests():
-    """A list that Ctrl-C or SIGTERM append to, instead of killing the process mid-step."""
+def stop_requests():  # a list Ctrl-C or SIGTERM append to, instead of killing the run mid-step
     stop = []
     with contextlib.ExitStack() as restore:  # puts the old handlers back on the way out
         with contextlib.suppress(ValueError):  # handlers can only be set in the main thread
@@ -902,50 +841,55 @@ def stop_requests():
         yield stop
 
 
-def curve_point(model, test, dev_set, step: int, train_loss: float, elapsed: float,
-                t_start: float) -> dict:
-    """One point of the learning curve: the losses and the accuracy on the test (and dev) set."""
+def curve_point(model, test, dev_set, step, train_loss, elapsed, t_start, watch=None) -> dict:
     ev = evaluate(model, test)
     point = dict(step=step, train_loss=round(train_loss, 5), test_loss=round(ev["loss"], 5),
                  accuracy=ev["accuracy"], time_s=round(elapsed + time.time() - t_start, 2))
     if dev_set is not None:
         point["dev_accuracy"] = evaluate(model, dev_set)["accuracy"]
+    if watch:  # the mechanism at this step (section 6)
+        point["attrib"] = watch(model)
     return point
 
 
-def progress_line(point: dict, total: int, rate: float) -> str:
+def progress_line(point: dict, total: int, rate: float, min_effect: float = 0.0) -> str:
     dev_acc = f" (dev {point['dev_accuracy']:.3f})" if "dev_accuracy" in point else ""
+    a = point.get("attrib")
+    watched = "" if a is None else " | Attrib K/V/Q " + (
+        "/".join(f"{a['main'][p]:.2f}" for p in ("key", "value", "query"))
+        if a["effect"] >= min_effect else f"- (Key effect {a['effect']:.3f})")
     return (f"step {point['step']:>7,}/{total:,} | loss {point['train_loss']:.4f} | test acc "
-            f"{point['accuracy']:.3f}{dev_acc} | {rate:5.1f} steps/s | "
+            f"{point['accuracy']:.3f}{dev_acc}{watched} | {rate:5.1f} steps/s | "
             f"ETA {(total - point['step']) / rate / 60:5.1f} min")
 
 
-def setup(cfg: Config, dev: torch.device) -> tuple:
-    """A run's task, model, optimizer, test (and dev) documents and batch_at(step)."""
-    task = make_task(cfg)
-    model = build_model(cfg, task.vocab_size).to(dev)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8,
-                                  weight_decay=cfg.weight_decay, fused=dev.type in ("cpu", "cuda"))
-    test = task.sample(cfg.n_eval, rng_for(cfg.seed, "test"), split="test").to(dev)
-    dev_set = (task.sample(cfg.n_eval, rng_for(cfg.seed, "dev"), split="dev").to(dev)
-               if cfg.held_out else None)  # test asks only held-out pairs; dev, training's pairs
-    if cfg.arch == "mamba" and cfg.scan != "ref":  # build the compiled scan now, not on the clock
-        scan_ext.kernel(dev, required=cfg.scan == "ext")
-    return task, model, optimizer, test, dev_set, training_batches(cfg, task, dev)
-
-
 def train(cfg: Config, out: str | None = None, device: str = "auto", log=print,
-          checkpoint_every_s: float = 60.0, force: bool = False) -> tuple:
+          checkpoint_every_s: float = 60.0, force: bool = False, dynamics: bool = True) -> tuple:
     """Train one model -> (model, metrics); in `out` (claim_folder), atomically: config.json,
     metrics.json, model.pt and a checkpoint that a killed (Ctrl-C, SIGTERM) run resumes exactly."""
     dev = resolve_device(device)
     folder = claim_folder(out, cfg, force) if out else contextlib.nullcontext()  # a held lock
     with folder, stop_requests() as stop:
-        task, model, optimizer, test, dev_set, batch_at = setup(cfg, dev)
-        ckpt_path, total = out and os.path.join(out, "checkpoint.pt"), cfg.total_steps
+        task = make_task(cfg)
+        model = build_model(cfg, task.vocab_size).to(dev)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8,
+                                      weight_decay=cfg.weight_decay, fused=True)
+        test = task.sample(cfg.n_eval, rng_for(cfg.seed, "test"), split="test").to(dev)
+        dev_set = (task.sample(cfg.n_eval, rng_for(cfg.seed, "dev"), split="dev").to(dev)
+                   if cfg.held_out else None)  # test: only held-out pairs; dev: training's pairs
+        if cfg.arch == "mamba" and cfg.scan != "ref":  # compile the scan now, not on the clock
+            scan_ext.kernel(dev, required=cfg.scan == "ext")
+        batch_at, total = training_batches(cfg, task, dev), cfg.total_steps
+        watch = dynamics and (lambda m: watch_mechanism(m, task, test, cfg))  # at each evaluation
+        ckpt_path = out and os.path.join(out, "checkpoint.pt")
         state = dict(step=0, curve=[], elapsed=0.0, since=0, loss_sum=0.0)
-        if ckpt_path and os.path.exists(ckpt_path):
-            state = load_checkpoint(ckpt_path, model, optimizer, cfg, dev)
+        if ckpt_path and os.path.exists(ckpt_path):  # resume it: only this configuration's
+            state = read(ckpt_path, lambda p: torch.load(p, map_location=dev))
+            if state.get("identity") != identity(cfg):
+                raise RunError(f"{ckpt_path} was made by another configuration; --force starts "
+                               "the run over")
+            model.load_state_dict(state.pop("model"))
+            optimizer.load_state_dict(state.pop("optimizer"))
             log(f"resuming {out} at step {state['step']}")
         start, curve, elapsed, since = (state[k] for k in ("step", "curve", "elapsed", "since"))
         n_params, threads = sum(p.numel() for p in model.parameters()), torch.get_num_threads()
@@ -979,34 +923,27 @@ def train(cfg: Config, out: str | None = None, device: str = "auto", log=print,
                                f"uniform guess: {uniform:.2f}); try a lower --lr than {cfg.lr:g}")
             loss_sum.zero_()
             since = done
-            curve.append(curve_point(model, test, dev_set, done, train_loss, elapsed, t_start))
+            curve.append(curve_point(model, test, dev_set, done, train_loss, elapsed, t_start,
+                                     watch))
             rate = (done - start) / (time.time() - t_start)
             if ckpt_path and done < total and time.time() - last_save >= checkpoint_every_s:
                 save(done)
                 last_save = time.time()
-            log(progress_line(curve[-1], total, rate))
-        run_time = time.time() - t_start
-        timing = dict(wall_time_s=round(elapsed + run_time, 2),
-                      steps_per_s=round((total - start) / run_time, 2), n_params=n_params,
-                      threads=threads, device=dev.type)
-        return model, finish_run(out, model, cfg, curve, timing)
+            log(progress_line(curve[-1], total, rate, PAPER_FILTER.get(cfg.task, 0.0)))
+        run_time, final = time.time() - t_start, curve[-1]  # the metrics: the last evaluation's
+        metrics = dict(accuracy=final["accuracy"], test_loss=final["test_loss"], steps=total,
+                       **{k: final[k] for k in ("dev_accuracy",) if k in final},
+                       wall_time_s=round(elapsed + run_time, 2),
+                       steps_per_s=round((total - start) / run_time, 2), n_params=n_params,
+                       threads=threads, device=dev.type, torch=torch.__version__, curve=curve)
+        if out is not None:
+            atomic_write(os.path.join(out, "model.pt"), lambda t: torch.save(model.state_dict(), t))
+            write_json(os.path.join(out, "metrics.json"), metrics)
+            pathlib.Path(out, "checkpoint.pt").unlink(missing_ok=True)  # no longer needed
+        return model, metrics
 
 
-def finish_run(out: str | None, model, cfg: Config, curve: list, timing: dict) -> dict:
-    """The final metrics (the last evaluation); with `out`, saved there with the model."""
-    final = curve[-1]
-    metrics = dict(accuracy=final["accuracy"], test_loss=final["test_loss"], steps=cfg.total_steps,
-                   **({"dev_accuracy": final["dev_accuracy"]} if "dev_accuracy" in final else {}),
-                   **timing, torch=torch.__version__, curve=curve)
-    if out is not None:
-        atomic_write(os.path.join(out, "model.pt"), lambda tmp: torch.save(model.state_dict(), tmp))
-        write_json(os.path.join(out, "metrics.json"), metrics)
-        pathlib.Path(out, "checkpoint.pt").unlink(missing_ok=True)  # no longer needed
-    return metrics
-
-
-def load_run(path: str, device: str = "cpu"):
-    """(model, cfg) of a finished run folder, for notebooks: model, cfg = load_run('runs/...')."""
+def load_run(path: str, device: str = "cpu"):  # a finished run: model, cfg = load_run('runs/...')
     model = build_model(cfg := stored_config(path), make_task(cfg).vocab_size)
     model.load_state_dict(read(os.path.join(path, "model.pt"), lambda p: torch.load(p, device)))
     return model.to(device).eval(), cfg
@@ -1029,19 +966,26 @@ SITES = {  # site -> (module inside blocks[l], hook on its input "in" or its out
     "mlp_input": ("mlp", "in"), "mlp_output": ("mlp", "out"),  # block_output[l] = block_input[l+1]
     "conv_output": ("mixer.conv_out", "out")}  # Mamba's short conv output, before SiLU (d_inner)
 POSITIONS = ("key", "value", "value+1", "value+2", "divider", "query")  # value+1 is AR's "next key"
+# Value+1 / Value+2 can be the divider / the Query (AR: the last pair; ATR: 42-48 % of documents),
+# where patching them is patching those: their cells average only the documents where they are not
 MAIN = ("block_input", "key")  # the paper's main setting: the last layer's input, Key corrupted
 VERDICT_MIN_EFFECT = 0.1  # mean p_clean - mean p_corrupted below this: the task was not learned
+PAPER_FILTER = {"ar": 0.01, "atr": 0.1}  # the paper's: below this effect, a run's Attribs are noise
 VERDICT_DOMINANT = 0.6    # an Attrib this high, with the others below 1 - it, names the mechanism
 
 
-def positions(data: Examples, name: str) -> torch.Tensor:
-    """(n,) positions of a named place; "value+k" counts k tokens on from the Value."""
+def positions(data: Examples, name: str) -> torch.Tensor:  # (n,); "value+k": Value + k
     base, _, k = name.partition("+")
     return data.pos[base] + (int(k) if k else 0)
 
 
-def sites_of(model: LanguageModel) -> list:
-    """The model's (site, layer) pairs: no MLP in Mamba blocks, a conv only there (d_conv > 0)."""
+def distinct(data: Examples, name: str) -> torch.Tensor:
+    """(n,) bool: the documents where position `name` is a place of its own (no other named one)."""
+    return torch.stack([positions(data, name) != data.pos[p]
+                        for p in POSITIONS if "+" not in p and p != name]).all(0)
+
+
+def sites_of(model: LanguageModel) -> list:  # (site, layer)s: no MLP in Mamba, a conv only there
     return [(site, layer) for layer, block in enumerate(model.blocks)
             for site, (path, _) in SITES.items()
             if path in dict(block.named_modules())  # not a Mamba block's mlp (None), ...
@@ -1059,8 +1003,7 @@ def intervene(model: LanguageModel, site: str, layer: int, fn):
         yield  # leaving the with removes the hook
 
 
-def patched(pos: torch.Tensor, values: torch.Tensor):
-    """An intervention that writes values[b] (the clean activation) at position pos[b] of row b."""
+def patched(pos: torch.Tensor, values: torch.Tensor):  # an intervention: act[b, pos[b]] = values[b]
     return lambda act: act.index_put((torch.arange(len(act), device=act.device), pos), values)
 
 
@@ -1071,8 +1014,7 @@ def p_answer(model: LanguageModel, data: Examples, ids=None) -> torch.Tensor:
 
 
 def corrupt(task, data: Examples, what: str, rng: Generator, value_corruption: str = "value"):
-    """A copy of the documents with the token at pos[what] replaced by another of its kind. The
-    official code replaces a corrupted Value by a *key* token: value_corruption="key"."""
+    """ids with pos[what]'s token replaced by another of its kind (officially, a Value by a key)."""
     rows, pos = torch.arange(len(data), device=data.ids.device), data.pos[what]
     kind = "key" if what == "key" or value_corruption == "key" else "value"
     return data.ids.index_put((rows, pos), task.other_token(kind, data.ids[rows, pos], rng))
@@ -1080,107 +1022,111 @@ def corrupt(task, data: Examples, what: str, rng: Generator, value_corruption: s
 
 @torch.no_grad()
 def interchange(model: LanguageModel, task, data: Examples, corrupted: str = "key", seed: int = 0,
-                value_corruption: str = "value", batch_size: int = 64) -> list:
-    """Patch every (site, layer, position) of the corrupted run with the clean run's activation ->
-    rows of means over the documents; one corruption per document (from `seed`) for all cells."""
+                value_corruption: str = "value", batch_size: int = 64, cells=None) -> list:
+    """Patch each (site, layer, position) cell (default: all) of the corrupted run with the clean
+    run's activation -> rows: means over the n documents where the position is distinct, each
+    document corrupted once (from `seed`)."""
     was_training = model.training
     model.eval()
-    rng, n, clean_sum, corr_sum = rng_for(seed, f"corrupt-{corrupted}"), len(data), 0.0, 0.0
-    sums = {(site, layer, p): 0.0 for site, layer in sites_of(model) for p in POSITIONS}  # cells
+    rng, clean, corr = rng_for(seed, f"corrupt-{corrupted}"), [], []
+    cells = cells or [(site, layer, p) for site, layer in sites_of(model) for p in POSITIONS]
+    patch = {cell: [] for cell in cells}
     for i in range(0, len(data), batch_size):
         batch = data[i:i + batch_size].trim()
         bad_ids = corrupt(task, batch, corrupted, rng, value_corruption)
         cache, rows = {}, torch.arange(len(batch), device=batch.ids.device)  # clean activations
         with contextlib.ExitStack() as stack:  # one clean run records every site
-            for site, layer in sites_of(model):
+            for site, layer in dict.fromkeys((site, layer) for site, layer, _ in cells):
                 record = lambda act, key=(site, layer): cache.setdefault(key, act)  # returns act
                 stack.enter_context(intervene(model, site, layer, record))
-            clean_sum += p_answer(model, batch).sum().item()
-        corr_sum += p_answer(model, batch, bad_ids).sum().item()
-        for site, layer, p in sums:
+            clean.append(p_answer(model, batch).double())
+        corr.append(p_answer(model, batch, bad_ids).double())
+        for site, layer, p in patch:
             pos = positions(batch, p)
             with intervene(model, site, layer, patched(pos, cache[site, layer][rows, pos])):
-                sums[site, layer, p] += p_answer(model, batch, bad_ids).sum().item()
+                patch[site, layer, p].append(p_answer(model, batch, bad_ids).double())
     model.train(was_training)
-    p_clean, p_corr = clean_sum / n, corr_sum / n
-    effect = p_clean - p_corr or math.nan  # no effect at all: every Attrib is undefined
-    return [dict(corrupted=corrupted, site=site, layer=layer, position=p, p_clean=p_clean,
-                 p_corr=p_corr, p_patch=s / n, attrib=(s / n - p_corr) / effect)
-            for (site, layer, p), s in sums.items()]
+    clean, corr, out = torch.cat(clean), torch.cat(corr), []  # (n,) per document
+    for (site, layer, p), ps in patch.items():
+        m = distinct(data, p)  # the documents where p is a position of its own
+        p_clean, p_corr, p_patch = (x[m].mean().item() for x in (clean, corr, torch.cat(ps)))
+        effect = p_clean - p_corr or math.nan  # no effect (or no document): Attrib is undefined
+        out.append(dict(corrupted=corrupted, site=site, layer=layer, position=p, n=int(m.sum()),
+                        p_clean=p_clean, p_corr=p_corr, p_patch=p_patch,
+                        attrib=(p_patch - p_corr) / effect))
+    return out
+
+
+def main_site(n_layer: int) -> tuple:
+    """(site, layer) the verdict reads: the last layer's input; with one layer, whose input is the
+    embedding (patching the Key there undoes the corruption itself), its mixer's output."""
+    return (MAIN[0], n_layer - 1) if n_layer > 1 else ("mixer_output", 0)
 
 
 def main_setting(rows: list, n_layer: int, layer: int | None = None) -> dict:
-    """Attrib at the main setting: the last layer's block_input (or `layer`'s), Key corrupted."""
-    (site, corrupted), layer = MAIN, n_layer - 1 if layer is None else layer
+    """Attrib at the main setting (main_site; or block_input[layer]), Key corrupted."""
+    site, layer = main_site(n_layer) if layer is None else (MAIN[0], layer)
     return {r["position"]: r["attrib"] for r in rows
-            if r["corrupted"] == corrupted and r["site"] == site and r["layer"] == layer}
+            if r["corrupted"] == MAIN[1] and r["site"] == site and r["layer"] == layer}
+
+
+def key_effect(rows: list) -> float:
+    """mean p_clean - mean p_corrupted over all documents, Key corrupted."""
+    return next(r["p_clean"] - r["p_corr"] for r in rows if r["corrupted"] == "key"
+                and r["position"] == "key")
 
 
 def verdict(rows: list, n_layer: int) -> str:
     """The mechanism in words, from Attrib at the first layer whose input lacks the Key association
     (thresholds VERDICT_*): in deeper models the last one can show @Query 1.00 for induction too."""
-    effect = next(r["p_clean"] - r["p_corr"] for r in rows if r["corrupted"] == "key")
-    if effect < VERDICT_MIN_EFFECT:
+    if (effect := key_effect(rows)) < VERDICT_MIN_EFFECT:
         return (f"not learned: corrupting the Key moves p(answer) by only {effect:.3f} "
                 f"(< {VERDICT_MIN_EFFECT}), too little to attribute")
     layer = next((l for l in range(1, n_layer)
-                  if main_setting(rows, n_layer, l)["key"] < VERDICT_DOMINANT), n_layer - 1)
+                  if main_setting(rows, n_layer, l)["key"] < VERDICT_DOMINANT), None)
     a = main_setting(rows, n_layer, layer)
-    where = "before the last layer" if layer == n_layer - 1 else f"before layer {layer}"
+    where = ("by the one layer's mixer" if n_layer == 1 else "before the last layer"
+             if layer in (None, n_layer - 1) else f"before layer {layer}")
     names = {"value": f"induction: the key-value binding is stored at the Value position {where}",
              "query": "direct retrieval at the last position: the answer is computed at the Query "
                       + where,
              "key": "direct retrieval, late: the last layer reads the Key position itself"}
-    top = max(names, key=lambda p: a[p])
-    if a[top] >= VERDICT_DOMINANT and all(a[p] <= 1 - VERDICT_DOMINANT for p in names if p != top):
+    if top := dominant(a):
         return names[top]
     return "mixed: " + ", ".join(f"Attrib@{p.capitalize()} {a[p]:.2f}"
                                  for p in ("key", "value", "query"))
 
 
-def mechanism_report(rows: list, n_layer: int) -> str:
-    """The printed table: Attrib per site and layer (rows) and position (columns), Key corrupted."""
+def dominant(a: dict) -> str | None:
+    """The position (key, value or query) whose Attrib names the mechanism, if one does: it is
+    at least VERDICT_DOMINANT and the other two at most 1 - VERDICT_DOMINANT."""
+    top = max(("key", "value", "query"), key=lambda p: a[p])
+    others = [a[p] for p in ("key", "value", "query") if p != top]
+    return top if a[top] >= VERDICT_DOMINANT and max(others) <= 1 - VERDICT_DOMINANT else None
+
+
+def mechanism_report(rows: list, n_layer: int) -> str:  # the printed table of Attrib, Key corrupted
     lines = ["Attrib (Key corrupted; rows: site[layer], columns: the patched position)",
              f"{'':16s}" + "".join(f"{'@' + p:>10s}" for p in POSITIONS)]
     key_rows, table = [r for r in rows if r["corrupted"] == "key"], {}  # table: cells by row
     for r in key_rows:
         table.setdefault((r["site"], r["layer"]), {})[r["position"]] = r["attrib"]
     for (site, layer), cells in table.items():
-        mark = " <- main" if (site, layer) == (MAIN[0], n_layer - 1) else ""
+        mark = " <- main" if (site, layer) == main_site(n_layer) else ""
         lines.append(f"{site + f'[{layer}]':16s}"
                      + "".join(f"{cells[p]:10.3f}" for p in POSITIONS) + mark)
     lines.append("p(answer): clean {p_clean:.3f}, Key corrupted {p_corr:.3f}".format(**key_rows[0]))
-    if conv := table.get(("conv_output", 0)):
-        lines.append("Mamba conv: patching layer 0's conv output restores Attrib "
-                     f"{conv['value']:.2f} at the Value, {conv['value+1']:.2f} at Value+1 "
-                     "(the paper's v3: Mamba's induction lives in its short convolution)")
+    n = {r["position"]: r.get("n", 0) for r in key_rows}  # documents averaged (0: not counted)
+    if fewer := [f"@{p} {n[p]}" for p in POSITIONS if n[p] < n["key"]]:
+        lines.append(f"documents averaged: {', '.join(fewer)} of {n['key']} (in the others that "
+                     "position is the divider or the Query)")
+    if (conv := table.get(("conv_output", 0))) and key_effect(rows) >= VERDICT_MIN_EFFECT:
+        lines.append(f"layer 0's short conv output restores Attrib {conv['key']:.2f} at the Key, "
+                     f"{conv['value']:.2f} at the Value, {conv['value+1']:.2f} at Value+1"
+                     + ("; here the conv at the token after the Value (its window spans Key and "
+                        "Value) carries the association" if conv["value+1"] >= VERDICT_DOMINANT
+                        else ""))
     return "\n".join(lines + ["verdict: " + verdict(rows, n_layer)])
-
-
-def plot_mechanism(rows: list, path: str, title: str) -> None:
-    """A heatmap per site: layers x positions, Attrib (Key corrupted), saved as a PNG."""
-    import matplotlib.pyplot as plt
-    plt.switch_backend("Agg")
-    sites, layers = list(dict.fromkeys(r["site"] for r in rows)), sorted({r["layer"] for r in rows})
-    fig, axes = plt.subplots(1, len(sites), figsize=(2.6 * len(sites), 0.6 * len(layers) + 1.6),
-                             squeeze=False)
-    for ax, site in zip(axes[0], sites):
-        grid = np.full((len(layers), len(POSITIONS)), np.nan)
-        for r in (r for r in rows if r["corrupted"] == "key" and r["site"] == site):
-            grid[r["layer"], POSITIONS.index(r["position"])] = r["attrib"]
-        ax.imshow(grid, vmin=-0.2, vmax=1.2, cmap="viridis", aspect="auto")
-        for (y, x), v in np.ndenumerate(grid):
-            if not np.isnan(v):
-                ax.text(x, y, f"{v:.2f}", ha="center", va="center", fontsize=7,
-                        color="w" if v < 0.6 else "k")
-        ax.set_title(site, fontsize=9)
-        ax.set_xticks(range(len(POSITIONS)), ["@" + p for p in POSITIONS], rotation=60, fontsize=7)
-        ax.set_yticks(range(len(layers)), [f"layer {l}" for l in layers], fontsize=7)
-    fig.suptitle(title + "\nAttrib: share of p(answer) restored by patching the clean activation "
-                 "(Key corrupted)", fontsize=9)
-    fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
-    plt.close(fig)
 
 
 def analyse(model: LanguageModel, cfg: "Config") -> dict:
@@ -1189,7 +1135,8 @@ def analyse(model: LanguageModel, cfg: "Config") -> dict:
     data = task.sample(cfg.n_eval, rng_for(cfg.seed, "test"), split="test").to(dev)
     rows = (interchange(model, task, data, "key", cfg.seed, cfg.value_corruption)
             + interchange(model, task, data, "value", cfg.seed, cfg.value_corruption))
-    return dict(rows=rows, main=main_setting(rows, cfg.n_layer), verdict=verdict(rows, cfg.n_layer))
+    return dict(rows=rows, n_docs=len(data), main=main_setting(rows, cfg.n_layer),
+                verdict=verdict(rows, cfg.n_layer))
 
 
 def analyse_run(out: str, model: LanguageModel, cfg: "Config", log=print) -> dict:
@@ -1199,15 +1146,73 @@ def analyse_run(out: str, model: LanguageModel, cfg: "Config", log=print) -> dic
     path = os.path.join(out, "metrics.json")
     metrics = json.loads(pathlib.Path(path).read_text()) | {"interventions": analysis}
     write_json(path, metrics)
+    from figures import plots  # the drawing; what the figures show is computed here
     title = f"{cfg.arch} on {cfg.task}, d={cfg.d_model}, test accuracy {metrics['accuracy']:.3f}"
-    plot_mechanism(analysis["rows"], os.path.join(out, "mechanism.png"), title)
+    png = lambda name: lambda fig: atomic_write(os.path.join(out, name), lambda tmp: fig.savefig(
+        tmp, dpi=120, format="png"))
+    plots.mechanism(analysis["rows"], POSITIONS, title, png("mechanism.png"))
+    if points := [p for p in metrics["curve"] if "attrib" in p]:  # not --no-dynamics
+        learned, gate = key_effect(analysis["rows"]) >= VERDICT_MIN_EFFECT, PAPER_FILTER[cfg.task]
+        name = learned and dominant(analysis["main"]) or None  # the verdict's position, if any
+        plots.dynamics(points, dynamics_series(points, "%s[%d]" % main_site(cfg.n_layer), gate),
+                       moments(points, name, gate), name, gate, title, png("dynamics.png"))
     return metrics
+
+
+# The mechanism while it forms: at every evaluation, train() runs a light interchange (Key
+# corrupted, DYNAMICS_DOCS test documents, a few cells) and stores it with the curve, so that a
+# run shows whether its mechanism forms before, with or after its accuracy rises.
+DYNAMICS_DOCS = 128  # a fixed subset of the test documents: ~2 % more training time
+
+
+def watched_cells(model: LanguageModel, n_layer: int) -> list:
+    """The verdict's site at Key, Value and Query, each layer's mixer output at the Query, and
+    Mamba's layer-0 conv output at the Value and Value+1 (where its induction may live)."""
+    site, layer = main_site(n_layer)
+    conv = [("conv_output", 0, p) for p in ("value", "value+1")]
+    return ([(site, layer, p) for p in ("key", "value", "query")]
+            + [("mixer_output", l, "query") for l in range(n_layer)]
+            + (conv if ("conv_output", 0) in sites_of(model) else []))
+
+
+def watch_mechanism(model: LanguageModel, task, test: Examples, cfg: "Config") -> dict:
+    """{"effect": the Key's, "main": {position: Attrib}, "cells": {"site[layer]@position": Attrib}}
+    on the first DYNAMICS_DOCS test documents: the full analysis's numbers there."""
+    cells = watched_cells(model, cfg.n_layer)  # the main ones first: (site, layer, position)
+    rows = interchange(model, task, test[:DYNAMICS_DOCS], "key", cfg.seed, cfg.value_corruption,
+                       cells=cells)
+    a = {(r["site"], r["layer"], r["position"]): r["attrib"] for r in rows}
+    return dict(effect=key_effect(rows), main={cell[2]: a[cell] for cell in cells[:3]},
+                cells={"%s[%d]@%s" % cell: a[cell] for cell in cells[3:]})
+
+
+def watched(point: dict, name: str) -> float:  # a main position ("value") or a cell's name
+    a = point["attrib"]
+    return a["main"][name] if name in a["main"] else a["cells"][name]
+
+
+def dynamics_series(points: list, main: str, min_effect: float) -> dict:
+    """{label: the watched Attrib at each point}, NaN where the Key does not matter (its effect is
+    below min_effect: that Attrib is noise)."""
+    a = points[0]["attrib"]
+    return {f"{main} @{n}" if n in a["main"] else n:
+            [watched(p, n) if p["attrib"]["effect"] >= min_effect else math.nan
+             for p in points] for n in [*a["main"], *a["cells"]]}
+
+
+def moments(curve: list, name: str | None, min_effect: float) -> dict:
+    """The steps where the mechanism forms (the first evaluation where the Key matters and the
+    watched Attrib `name`, the verdict's, passes 0.5) and where accuracy passes half its final."""
+    points = [p for p in curve if "attrib" in p]
+    formed = (p["step"] for p in points if name and p["attrib"]["effect"] >= min_effect
+              and watched(p, name) >= 0.5)
+    rises = (p["step"] for p in points if p["accuracy"] >= 0.5 * curve[-1]["accuracy"])
+    return dict(mechanism=next(formed, None), accuracy=next(rises, None))
 
 
 # 7. The second task: Associative Treecall (ATR) -------------------------------------------------
 @dataclasses.dataclass
-class Tree:
-    """One sampled sentence as a dependency tree over its terminals, and the queried pair."""
+class Tree:  # one sampled sentence: a dependency tree over its terminals, the queried pair
     labels: list  # terminal labels 0 .. T-1, in sentence order (token id = 3 + label)
     parent: list  # index of each terminal's parent (always to its right); -1 for the root's head
     depth: list   # depth of each terminal in the derivation (the root's head and children: 1)
@@ -1222,15 +1227,13 @@ class ATR:
     A constituent emits its children, then its head word; a terminal's parent is its constituent's
     head word (a head word's: the enclosing one's), so parents lie right of their many children:
     tree-shaped associations, not AR's adjacent pairs. The query repeats the rightmost terminal of
-    its label (an unambiguous Key), drawn parent first. With split > 0, that fraction of (parent
-    label, query label) pairs is held out: only "test" documents ask them. Vocabulary: PAD 0, BOS 1,
-    EOS 2, terminals 3 .. T+2, 3 official query-type tokens (unused here): V = T + 6 (26, 8198).
-    Official implementation: aryamanarora/tinylang, tinylang/language/pcfg.py (class PCFG), configs
-    in languages/ (pcfg_vary_difficulty, pcfg_vary_rhs_8192, pcfg_train_test_split).
-    Differences: none in the grammar, from the same legacy-numpy calls: the easy (110 rules), medium
-    (124), 8192 and split (90 of 400 pairs held out) grammars are the official ones. Documents: the
-    official distribution, from sample()'s rng (the official legacy stream gives the official ones:
-    tested). Parent queries only; at most L_MAX - 5 terminals (100k easy sentences reach ~420)."""
+    its label (an unambiguous Key), drawn parent first. With split > 0, that fraction of (parent,
+    query) label pairs is held out: only "test" documents ask them. Vocabulary: PAD 0, BOS 1, EOS 2,
+    terminals 3 .. T+2, 3 official query-type tokens (unused): V = T + 6 (26, 8198).
+    Official implementation: aryamanarora/tinylang, tinylang/language/pcfg.py (class PCFG).
+    Differences: none in the grammars (the official easy (110 rules), medium (124), 8192 and split
+    (90 of 400 pairs held out): the same legacy-numpy calls) or documents (a legacy stream gives the
+    official ones: tested). Parent queries only; at most L_MAX - 5 terminals (100k easy: ~420)."""
     def __init__(self, n_terminals: int = 20, max_rhs_len: int = 5, n_nonterminals: int = 40,
                  max_rules: int = 5, max_depth: int = 10, terminal_occurrence_factor=None,
                  split: float = 0.0, grammar_seed: int = 42, max_length: int = 1024):
@@ -1239,7 +1242,6 @@ class ATR:
         self.terminal_occurrence_factor, self.split = terminal_occurrence_factor, split
         self.first_terminal, self.vocab_size, self.max_length = 3, n_terminals + 6, max_length
         self.build_grammar(np.random.RandomState(grammar_seed))
-
     def build_grammar(self, rs: np.random.RandomState):
         """Draw the held-out pairs and the grammar from the legacy RNG, in the official order.
         Symbols are ints: s < T is terminal s, s >= T is nonterminal s - T."""
@@ -1274,7 +1276,6 @@ class ATR:
         cdf = lambda p: (np.cumsum(p) / np.cumsum(p)[-1]).tolist()
         self.start_cdf, self.rule_cdf = cdf(np.ones(N) / N), [cdf(p) for p in self.rule_probs]
         self.head_cdf = [cdf(p) for p in self.head_probs]
-
     def derive(self, rng):
         """Expand a start symbol depth-first, left to right (the official order of draws: per
         constituent, its rule, then its head word), with a numpy Generator or legacy RandomState.
@@ -1300,7 +1301,6 @@ class ATR:
             stack.extend((s, c, -1, d + 1) for s in reversed(rhs))  # the children, popped in order
         parent = [head_at[c] if c >= 0 else -1 for c in owner]
         return Tree(labels, parent, depth, query=-1, target=-1)
-
     def eligible_pairs(self, tree: Tree, split: str = "train") -> list:
         """(query, target) index pairs that may be asked, by target then query: target the query's
         parent, query the rightmost of its label, their label pair allowed in this split."""
@@ -1311,7 +1311,6 @@ class ATR:
                        if t >= 0 and rightmost[label] == q
                        and (self.held_out is None or self.held_out[tree.labels[t], label] == test))
         return [(q, t) for t, q in pairs]
-
     @staticmethod
     def choose_pair(pairs: list, rng: Generator) -> tuple:
         """(query, target): the target uniform among eligible targets, then the query uniform among
@@ -1320,7 +1319,6 @@ class ATR:
         target = targets[rng.integers(len(targets))]
         queries = [q for q, t in pairs if t == target]
         return queries[rng.integers(len(queries))], target
-
     def trees(self, n: int, rng: Generator, split: str = "train") -> list:
         """n sentences and queried pairs (redrawn if < 3 terminals, too long or none eligible)."""
         out, draws = [], 0
@@ -1334,7 +1332,6 @@ class ATR:
                 tree.query, tree.target = self.choose_pair(pairs, rng)
                 out.append(tree)
         return out
-
     def examples(self, trees: list) -> Examples:
         """Documents <bos> t ... t <eos> t_query t_parent <eos> (right-padded), with positions."""
         lengths, first = np.array([len(tree.labels) for tree in trees]), self.first_terminal
@@ -1345,16 +1342,14 @@ class ATR:
         return Examples.from_numpy(ids, key=1 + np.array([tree.query for tree in trees]),
                                    value=1 + np.array([tree.target for tree in trees]),
                                    divider=lengths + 1, query=lengths + 2, answer=lengths + 3)
-
     def sample(self, n: int, rng: Generator, split: str = "train") -> Examples:
         return self.examples(self.trees(n, rng, split))
-
     def other_token(self, kind: str, tokens: torch.Tensor, rng: Generator) -> torch.Tensor:
         """For each token, a uniformly drawn *different* terminal (Keys and Values are both)."""
         return other_than(tokens, self.first_terminal, self.n_terminals, rng)
 
 
-ATR_SETTINGS = {  # the paper's three (§5.2, tinylang's languages/); held out: easy, --held-out 0.2
+ATR_SETTINGS = {  # §5.2's three (tinylang languages/); pcfg_train_test_split: easy --held-out 0.2
     "easy": dict(n_terminals=20, max_rhs_len=5),  # Lmax=5, |Σ|=20: pcfg_vary_difficulty/pcfg_5_20
     "medium": dict(n_terminals=20, max_rhs_len=10),  # Lmax=10, |Σ|=20: .../pcfg_10_20
     "8192": dict(n_terminals=8192, max_rhs_len=5,
@@ -1386,43 +1381,32 @@ def build_parser() -> Parser:
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--interventions", default=True, help="after training, run the mechanistic "
                    "evaluation (interchange interventions)", action=argparse.BooleanOptionalAction)
+    p.add_argument("--dynamics", default=True, help="at each evaluation, a light interchange "
+                   "analysis (the mechanism while it forms)", action=argparse.BooleanOptionalAction)
     p.add_argument("--load", metavar="RUN_DIR", help="analyse a finished run instead of training "
                    "(with --interventions): python mech.py --load RUN_DIR --interventions")
     return p
-
-
-def config_id(cfg: Config) -> str:
-    return sha1(json.dumps(identity(cfg), sort_keys=True).encode()).hexdigest()[:8]
 
 
 def default_out(cfg: Config) -> str:
     conv = f"_dconv{cfg.d_conv}" if cfg.arch in DEFAULT_DCONV else ""
     task = cfg.task + (f"-{cfg.atr}" + (f"-heldout{cfg.held_out:g}" if cfg.held_out else "")
                        if cfg.task == "atr" else "")
+    digest = sha1(json.dumps(identity(cfg), sort_keys=True).encode()).hexdigest()[:8]
     return os.path.join("runs", f"{task}_{cfg.arch}{conv}_d{cfg.d_model}_lr{cfg.lr:g}"
-                                f"_s{cfg.seed}_{config_id(cfg)}")
-
-
-def finished_run(out: str, cfg: Config) -> dict | None:
-    """The metrics of the run in `out` if it is finished and has this configuration."""
-    path = os.path.join(out, "metrics.json")
-    same = os.path.exists(path) and identity(stored_config(out)) == identity(cfg)
-    return read(path) if same else None
-
-
-APPLIES = dict(num_kv=("task", "ar"), n_pairs=("task", "ar"), atr=("task", "atr"),
-               held_out=("task", "atr"), grammar_seed=("task", "atr"), scan=("arch", "mamba"),
-               hyena_d_skip=("arch", "hyena"), decay_frac=("schedule", "wsd"))  # flag -> where
+                                f"_s{cfg.seed}_{digest}")
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
-    """The Config of the flags given (the others keep Config's defaults, the preset's), refusing
-    flags that contradict each other or do not apply to the task or architecture."""
+    """The Config of the flags given, refusing flags that contradict or do not apply here."""
     given = {f.name: vars(args)[f.name] for f in dataclasses.fields(Config) if f.name in vars(args)}
     if "steps" in given and "epochs" in given:
         raise ValueError(f"give --steps ({args.steps}) or --epochs ({args.epochs}), not both")
     cfg = Config(**given)
-    for name, (where, value) in APPLIES.items():
+    applies = dict(num_kv=("task", "ar"), n_pairs=("task", "ar"), atr=("task", "atr"),
+                   held_out=("task", "atr"), grammar_seed=("task", "atr"), scan=("arch", "mamba"),
+                   hyena_d_skip=("arch", "hyena"), decay_frac=("schedule", "wsd"))  # flag -> where
+    for name, (where, value) in applies.items():
         if name in given and getattr(cfg, where) != value:
             raise ValueError(f"--{name.replace('_', '-')} applies to --{where} {value} only, not "
                              f"to --{where} {getattr(cfg, where)}")
@@ -1450,8 +1434,7 @@ def main(argv=None):
 
 
 def idle_cores(seconds: float = 0.25) -> int:
-    """The cores that other processes leave idle (from /proc/stat): torch's default of one thread
-    per core runs far slower when it shares a core with another process."""
+    """The cores other processes leave idle (/proc/stat): a torch thread on a busy core crawls."""
     def idle_total():  # (idle + iowait, all) CPU ticks since boot
         ticks = [int(x) for x in pathlib.Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
         return ticks[3] + ticks[4], sum(ticks)
@@ -1462,8 +1445,7 @@ def idle_cores(seconds: float = 0.25) -> int:
     return max(1, round((idle1 - idle0) / max(1, total1 - total0) * (os.cpu_count() or 1)))
 
 
-def load_and_analyse(args, parser) -> dict:
-    """--load RUN_DIR: the mechanistic evaluation of a saved run, as it was trained."""
+def load_and_analyse(args, parser) -> dict:  # --load RUN_DIR: analyse a saved run as it was trained
     given = [k for k in vars(args) if k in {f.name for f in dataclasses.fields(Config)}]
     if given or args.out or args.force or not args.interventions:
         parser.error(f"--load analyses a saved run as it was trained: it takes no "
@@ -1478,14 +1460,17 @@ def load_and_analyse(args, parser) -> dict:
 def run(cfg: Config, args) -> dict:
     """Train the run of `cfg` in its folder (or resume it, or report it if finished), analyse it."""
     out = args.out or default_out(cfg)
-    if not args.force and (m := finished_run(out, cfg)) is not None:
+    done = os.path.join(out, "metrics.json")  # written last, by a finished run
+    if not args.force and os.path.exists(done) and identity(stored_config(out)) == identity(cfg):
+        m = read(done)
         print(f"{out} already holds this run: test accuracy {m['accuracy']:.3f} (--force retrains)")
         if args.interventions and "interventions" not in m:
             lock = claim_folder(out, cfg)  # noqa: F841 (held while analysing)
             m = analyse_run(out, *load_run(out))
         return m
     log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, flush=True))
-    model, m = train(cfg, out, device=args.device, log=log, force=args.force)
+    model, m = train(cfg, out, device=args.device, log=log, force=args.force,
+                     dynamics=args.dynamics)
     print(f"{cfg.arch} on {cfg.task}: test accuracy {m['accuracy']:.3f} "
           f"({round(m['accuracy'] * cfg.n_eval)}/{cfg.n_eval}) after {m['steps']:,} steps in "
           f"{m['wall_time_s'] / 60:.1f} min ({m['steps_per_s']:.1f} steps/s); saved in {out}")

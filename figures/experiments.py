@@ -22,22 +22,28 @@ per configuration, its seeds averaged) and draws the figures into DIR/figures; t
 figures/*.png change only when asked for, with --figures-dir figures.
 """
 import argparse
+import collections
 import contextlib
 import dataclasses
 import json
 import os
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
+import textwrap
 import threading
 import time
+from collections.abc import Callable
 from hashlib import sha1
 
 import matplotlib
 matplotlib.use("Agg")  # figures are files: no display needed
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.transforms as transforms  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository, with mech.py
 sys.path.insert(0, ROOT)
@@ -84,7 +90,7 @@ SWEEPS = {
 SCALES = ("cpu", "paper")
 # the paper's filters for its mechanism plots, on p_clean - p_corrupted: below them a run's answer
 # does not react enough to the corruption for its Attribs to mean anything
-MIN_EFFECT = dict(ar=0.01, atr=0.1)
+MIN_EFFECT = mech.PAPER_FILTER
 
 
 def sweep_runs(sweep: str, scale: str, seeds: int, overrides=None) -> list:
@@ -296,19 +302,45 @@ def collect(root: str) -> list:
         rec = dict(cfg, folder=os.path.relpath(folder, root), accuracy=m["accuracy"],
                    dev_accuracy=m.get("dev_accuracy"), wall_time_s=m["wall_time_s"])
         if "interventions" in m:
-            rows = m["interventions"]["rows"]
-            first = next(r for r in rows if r["corrupted"] == "key")
-            key = {(r["site"], r["layer"], r["position"]): r["attrib"]
-                   for r in rows if r["corrupted"] == "key"}
-            rec.update(attrib=m["interventions"]["main"], effect=first["p_clean"] - first["p_corr"],
-                       conv={p: a for (site, layer, p), a in key.items()
-                             if (site, layer) == ("conv_output", 0)},
-                       # App. D.3 (ar_32_layers_attrib): which layer's mixer brings the answer to
-                       # the Query
-                       query_by_layer=[key.get(("mixer_output", l, "query"), float("nan"))
-                                       for l in range(cfg["n_layer"])])
+            rec.update(analysis(m["interventions"], cfg["n_layer"]))
+        if points := [p for p in m["curve"] if "attrib" in p]:  # watched while it trained
+            rec["dynamics"] = dict(
+                step=[p["step"] for p in points], accuracy=[p["accuracy"] for p in points],
+                effect=[p["attrib"]["effect"] for p in points],
+                attrib={n: [mech.watched(p, n) for p in points]
+                        for n in [*points[0]["attrib"]["main"], *points[0]["attrib"]["cells"]]})
         records.append(rec)
     return records
+
+
+NO_CELL = dict(attrib=float("nan"))  # a cell the analysis did not patch
+
+
+def analysis(interventions: dict, n_layer: int) -> dict:
+    """What the table and the figures read of a run's intervention rows (Key corrupted). The main
+    Attribs are recomputed from the rows with mech.main_setting rather than read from the stored
+    "main", so that runs analysed by an older mech.py get today's reading (in a 1-layer model the
+    layer's own mixer output, not the embedding, where patching the Key undoes the corruption)."""
+    rows = interventions["rows"]
+    key = {(r["site"], r["layer"], r["position"]): r for r in rows if r["corrupted"] == "key"}
+    conv = {p: r for (site, layer, p), r in key.items() if (site, layer) == ("conv_output", 0)}
+    every = next(r for r in rows if r["corrupted"] == "key" and r["position"] == "key")
+    return dict(attrib=mech.main_setting(rows, n_layer),
+                effect=every["p_clean"] - every["p_corr"],  # over all documents
+                conv={p: r["attrib"] for p, r in conv.items()},
+                # how many documents each conv cell averages; None: an older analysis, over all
+                # of them, Value+1 included where it is the divider (42-48 % of ATR documents)
+                conv_docs={p: r.get("n") for p, r in conv.items()},
+                n_docs=interventions.get("n_docs"),
+                # App. D.3 (ar_32_layers_attrib): which layer's mixer brings the answer to the Query
+                query_by_layer=[key.get(("mixer_output", l, "query"), NO_CELL)["attrib"]
+                                for l in range(n_layer)])
+
+
+def all_documents(r: dict, position: str) -> bool:
+    """Whether a run's conv cell at position averages all documents (an older analysis): then
+    Value+1 / Value+2 are, in some documents, the divider or the Query themselves."""
+    return r["conv_docs"].get(position) is None
 
 
 def reacts(r: dict) -> bool:
@@ -359,7 +391,24 @@ def summary_table(records: list) -> str:
     for (task, model, n_layer, d, lr, told), rs in rows:
         lines.append(f"| {task} | {model}{told} | {n_layer} | {d} | {lr:g} | {len(rs)} "
                      f"| {accuracy_cell(rs)} | {attrib_cell(rs)} |")
-    return "\n".join(lines)
+    return "\n".join(lines + table_notes(records))
+
+
+def table_notes(records: list) -> list:
+    """The footnotes under the table: what its Attribs are, and over which documents the Value+1
+    cells of results.json were averaged."""
+    notes = ["", "Attrib: the main setting (mech.main_setting: Key corrupted, the last layer's "
+             "input; in a 1-layer model its mixer's output), averaged over the seeds whose answer "
+             f"reacts to the corruption (p_clean - p_corrupted >= {MIN_EFFECT['ar']} on AR, "
+             f"{MIN_EFFECT['atr']} on ATR: the paper's filters), their number in brackets."]
+    conv = [r for r in records if r.get("conv")]
+    if conv:
+        old = sum(all_documents(r, "value+1") for r in conv)
+        notes.append(f"Mamba's conv-output cells in results.json (conv; conv_docs: documents "
+                     f"averaged): {old} of {len(conv)} runs were analysed over all documents, "
+                     "Value+1 included where it is the divider (42-48 % of ATR documents, AR's "
+                     f"last pair), {len(conv) - old} over the documents where it is distinct.")
+    return notes
 
 
 def told_apart(configs: list) -> list:
@@ -420,42 +469,352 @@ def best_over_lr(records: list, *keys) -> dict:
 
 # ─────────────────────────────────────────────────────────────────────────────────────────────
 # 3. Figures: one function per figure, each drawing what the records allow (nothing if they
-#    hold no run for it) and returning the paths it wrote. Seeds are dots, their mean a bar.
+#    hold no run for it) and returning the paths it wrote. Each stands alone: a title, axes
+#    labelled, a caption with our scale (read off the runs drawn) and the filter applied, every
+#    run a marker of its own, and the paper's number beside ours wherever the paper has one.
 # ─────────────────────────────────────────────────────────────────────────────────────────────
 
-COLORS = {a: plt.get_cmap("tab10")(i) for i, a in enumerate(ARCHS)}  # one colour per architecture
-# the positions whose Attribs the mechanism panels show, in colours C1, C2, C3
-SHOWN = (("key", "s"), ("query", "^"), ("value", "o"))  # (position, marker)
+# The paper's numbers (arXiv 2505.15105, one seed each), read off its figure files in the
+# official repository aryamanarora/tinylang, folder notebooks/figs/, named below with the
+# paper's section. Accuracies: the final test accuracy at d = 16, 32, 64, 128, 256 (WIDTHS), the
+# best over the paper's learning rates. Attribs: the median over the paper's runs (every width
+# and learning rate) that pass its filter (MIN_EFFECT), Key corrupted, at the last layer's input;
+# 0.0 and 1.0 are clusters the figure shows at 0 and 1. None: the paper has no number there
+# (DeltaNet, added in v3, has figures without numbers; in an Attrib table, no run passed).
+PAPER = {
+    # §5.1, ar_32.pdf: AR, 2 layers; Attention with its position embedding, the others without
+    "ar_accuracy": dict(attention=(0.066, 1.000, 1.000, 1.000, 1.000),
+                        base_conv=(0.000, 0.009, 0.038, 0.066, 0.097),
+                        based=(0.244, 0.931, 0.991, 0.988, 0.991),
+                        h3=(0.009, 0.006, 0.019, 0.025, 0.016),
+                        hyena=(0.006, 0.009, 0.028, 0.138, 0.297),
+                        mamba=(0.100, 0.769, 0.806, 0.897, 0.912),
+                        delta_net=None),
+    # §5.1, ar_32_diff_query_item_orig.pdf (@Value, @Query) and ar_32_diff_query_item_orig_q.pdf
+    # (@Query, @Key): BaseConv's is its one run past the filter, Mamba's the medians of its 15
+    "ar_mechanism": dict(attention=dict(key=0.0, value=1.0, query=0.0),
+                         base_conv=dict(key=0.100, value=0.571, query=0.000),
+                         based=dict(key=0.0, value=1.0, query=0.0),
+                         h3=None,
+                         hyena=dict(key=0.0, value=0.0, query=1.0),
+                         mamba=dict(key=0.003, value=0.0, query=1.0),
+                         delta_net=None),
+    # App. D.2, ar_32_layers_with_3.pdf: AR at 1 and 3 layers, by (architecture, layers); its
+    # 2-layer panel is ar_32.pdf's; no 1-layer Based (its one layer would be a BaseConv layer)
+    "ar_layers": {("attention", 1): (0.012, 0.066, 0.091, 0.084, 0.062),
+                  ("base_conv", 1): (0.025, 0.025, 0.028, 0.025, 0.019),
+                  ("h3", 1): (0.006, 0.019, 0.025, 0.028, 0.031),
+                  ("hyena", 1): (0.003, 0.012, 0.022, 0.078, 0.316),
+                  ("mamba", 1): (0.106, 0.472, 0.831, 0.869, 0.962),
+                  ("based", 1): None, ("delta_net", 1): None, ("delta_net", 3): None,
+                  ("attention", 3): (0.131, 0.997, 1.000, 1.000, 1.000),
+                  ("base_conv", 3): (0.003, 0.022, 0.031, 0.075, 0.081),
+                  ("based", 3): (0.375, 0.909, 0.991, 0.987, 0.994),
+                  ("h3", 3): (0.009, 0.012, 0.012, 0.016, 0.019),
+                  ("hyena", 3): (0.006, 0.012, 0.034, 0.084, 0.200),
+                  ("mamba", 3): (0.084, 0.131, 0.766, 0.869, 0.900)},
+    # App. D.3, ar_32_layers_attrib.pdf: Attrib@Query of each layer's mixer output (layer 0, 1,
+    # ...), by (layers, architecture)
+    "ar_layers_attrib": {(1, "h3"): (1.000,), (1, "hyena"): (1.000,), (1, "mamba"): (1.000,),
+                         (2, "attention"): (0.0, 1.000), (2, "base_conv"): (0.0, 1.000),
+                         (2, "based"): (0.0, 1.000), (2, "h3"): (-0.022, 1.002),
+                         (2, "hyena"): (1.000, 0.000), (2, "mamba"): (1.000, 0.000),
+                         (3, "attention"): (0.0, 0.999, 0.004), (3, "base_conv"): (0.0, 0.998, 0.0),
+                         (3, "based"): (0.0, 0.998, 0.086), (3, "hyena"): (1.000, 0.0, 0.0),
+                         (3, "mamba"): (1.000, 0.000, 0.000)},
+    # §5.4, mamba_ar_32.pdf: Mamba on AR by its short-conv width d_conv (4, the default: ar_32's)
+    "ar_mamba_dconv": {0: (0.009, 0.037, 0.028, 0.037, 0.056),
+                       1: (0.009, 0.031, 0.022, 0.028, 0.028),
+                       2: (0.044, 0.187, 0.909, 0.391, 0.944),
+                       3: (0.119, 0.709, 0.909, 0.941, 0.922),
+                       4: (0.100, 0.769, 0.806, 0.897, 0.912)},
+    # §5.4, mamba_ar_box.pdf: its Attribs by d_conv (the figure shows d_conv 2-4)
+    "ar_mamba_dconv_mechanism": {2: dict(key=0.199, value=0.008, query=0.042),
+                                 3: dict(key=0.183, value=0.000, query=0.752),
+                                 4: dict(key=0.000, value=0.000, query=1.000)},
+    # §5.4, based_ar_32.pdf: Based by the kernel of its BaseConv layer's short conv (3: the
+    # default), or the implicit long conv instead ("long"); BaseConv with long convs only is in
+    # no figure of the paper
+    "based_conv": {1: (0.009, 0.028, 0.034, 0.037, 0.062),
+                   2: (0.187, 0.947, 0.988, 0.988, 0.984),
+                   3: (0.244, 0.931, 0.991, 0.988, 0.991),
+                   4: (0.284, 0.856, 0.972, 0.975, 0.981),
+                   "long": (0.003, 0.016, 0.037, 0.059, 0.091)},
+    # §5.2, atr.pdf: ATR, 2 layers, by (setting, model) (no H3 on medium); Attention without its
+    # position embedding: App. D.1, pos_embed.pdf (easy and medium only)
+    "atr_accuracy": {("easy", "attention"): (0.684, 0.903, 0.938, 0.953, 0.962),
+                     ("easy", "base_conv"): (0.675, 0.756, 0.825, 0.869, 0.900),
+                     ("easy", "based"): (0.822, 0.912, 0.919, 0.931, 0.922),
+                     ("easy", "h3"): (0.819, 0.878, 0.900, 0.941, 0.941),
+                     ("easy", "hyena"): (0.759, 0.809, 0.853, 0.925, 0.938),
+                     ("easy", "mamba"): (0.912, 0.944, 0.962, 0.969, 0.962),
+                     ("easy", "attention NoPE"): (0.809, 0.875, 0.900, 0.922, 0.916),
+                     ("easy", "delta_net"): None,
+                     ("8192", "attention"): (0.725, 0.841, 0.894, 0.869, 0.866),
+                     ("8192", "base_conv"): (0.425, 0.466, 0.559, 0.597, 0.662),
+                     ("8192", "based"): (0.684, 0.831, 0.866, 0.875, 0.866),
+                     ("8192", "h3"): (0.494, 0.634, 0.725, 0.759, 0.762),
+                     ("8192", "hyena"): (0.459, 0.578, 0.647, 0.691, 0.700),
+                     ("8192", "mamba"): (0.703, 0.781, 0.872, 0.872, 0.884),
+                     ("8192", "attention NoPE"): None, ("8192", "delta_net"): None,
+                     ("medium", "attention"): (0.509, 0.569, 0.756, 0.806, 0.809),
+                     ("medium", "base_conv"): (0.559, 0.616, 0.653, 0.706, 0.688),
+                     ("medium", "based"): (0.631, 0.716, 0.700, 0.709, 0.731),
+                     ("medium", "hyena"): (0.578, 0.638, 0.625, 0.663, 0.684),
+                     ("medium", "mamba"): (0.772, 0.878, 0.863, 0.900, 0.922),
+                     ("medium", "attention NoPE"): (0.556, 0.631, 0.694, 0.738, 0.734),
+                     ("medium", "h3"): None, ("medium", "delta_net"): None},
+    # §5.2, atr_box.pdf: ATR Attribs (filter 0.1), by (setting, model)
+    "atr_mechanism": {("easy", "attention"): dict(key=0.056, query=0.046, value=1.025),
+                      ("easy", "base_conv"): dict(key=0.495, query=0.000, value=0.415),
+                      ("easy", "based"): dict(key=0.148, query=0.000, value=0.927),
+                      ("easy", "h3"): dict(key=0.435, query=0.523, value=0.024),
+                      ("easy", "hyena"): dict(key=0.483, query=0.495, value=0.078),
+                      ("easy", "mamba"): dict(key=0.552, query=0.289, value=0.032),
+                      ("8192", "attention"): dict(key=0.364, query=0.004, value=0.901),
+                      ("8192", "base_conv"): dict(key=0.819, query=0.000, value=0.204),
+                      ("8192", "based"): dict(key=0.135, query=0.000, value=0.951),
+                      ("8192", "h3"): dict(key=0.819, query=0.090, value=0.037),
+                      ("8192", "hyena"): dict(key=0.421, query=0.309, value=0.151),
+                      ("8192", "mamba"): dict(key=0.871, query=0.056, value=0.030),
+                      ("medium", "attention"): dict(key=0.023, query=-0.100, value=1.109),
+                      ("medium", "base_conv"): dict(key=0.344, query=0.000, value=0.560),
+                      ("medium", "based"): dict(key=0.126, query=0.000, value=0.816),
+                      ("medium", "hyena"): dict(key=0.092, query=0.818, value=0.052),
+                      ("medium", "mamba"): dict(key=0.294, query=0.451, value=0.027)},
+    # ATR's copy-next-token baseline, by setting: predict the token after the Query's last
+    # earlier occurrence (Key+1), measured on the official generator's documents (seed 42, about
+    # 1,000 of them); the 1-layer BaseConv and Based of atr_layers.pdf (App. D.2) sit on it
+    "atr_copy_next_token": {"easy": 0.52, "medium": 0.43, "8192": 0.49},
+}
+
+SPLIT = 0.5   # runs further apart than this have no summary mark: they split, none stands for all
+SLOTS = 0.84  # the share of a column taken by its slots, one per series
+# within a slot (of width 1 here): the runs spread over [-0.38, 0.14], the paper's x at 0.36, apart
+SEEDS_AT, SEEDS_SPREAD, PAPER_AT = -0.12, 0.26, 0.36
+SHOWN = ("key", "query", "value")  # the positions of the mechanism panels
+STYLE = {"key": ("C1", "s"), "query": ("C2", "^"), "value": ("C3", "o"),
+         "value+1": ("C4", "D")}  # a position's (colour, marker), the same in every figure
+LAYER_COLORS = ("#1b9e77", "#d95f02", "#7570b3")  # layer (or depth) 0, 1, 2
+ACCURACY_YLIM = (-0.03, 1.05)  # every accuracy axis: the whole range, so panels compare
+MARKS = ("Hollow markers: one run (seed) each, spread left to right in seed order so that runs "
+         "with the same value stay apart; the paper's x to their right. Bar: the median run, "
+         f"drawn only for 3 runs or more within {SPLIT} of each other (else they split, and no "
+         "one value stands for them).")
+BEST_LABEL = "paper (one seed, its best learning rate)"
+MEDIAN_LABEL = "paper (median of its runs past the filter)"
+DEFAULTS = {f.name: f.default for f in dataclasses.fields(mech.Config)}
 
 
-def save(fig, out_dir: str, name: str) -> list:
-    fig.tight_layout()
+@dataclasses.dataclass
+class Series:
+    """One kind of marker in every column: what it draws of a run, and how."""
+    label: str
+    color: str
+    marker: str
+    value: Callable                     # a run's record -> the number drawn
+    keep: Callable = lambda r: True     # the runs of a column that it draws
+    faded: Callable = lambda r: False   # runs drawn grey (each figure says why)
+
+
+@dataclasses.dataclass
+class Column:
+    """One tick of the x-axis: its runs, the paper's number for each series (None: it has none),
+    what the column says when it has no run to draw, and a note at its foot."""
+    label: str
+    runs: list
+    paper: tuple = ()
+    empty: str = "not run"
+    note: str = ""
+
+
+ACCURACY = Series("ours: one run", "C0", "o", lambda r: r["accuracy"])
+
+
+def position_series(read: str, positions=SHOWN) -> list:
+    """A series per position, of the Attribs in a record's field `read` (attrib, conv)."""
+    return [Series(at(p), *STYLE[p], value=lambda r, p=p: r[read][p]) for p in positions]
+
+
+def save(fig, out_dir: str, name: str, caption: list) -> list:
+    """Lay the figure out with its caption below the axes (the figure grows to hold it) and save
+    it as out_dir/name."""
+    width, height = fig.get_size_inches()
+    text = "\n".join(textwrap.fill(paragraph, int(width * 16)) for paragraph in caption)
+    extra = (text.count("\n") + 1) * 8 * 1.35 / 72 + 0.2  # 8-point lines, in inches
+    fig.set_size_inches(width, height + extra)
+    fig.tight_layout(rect=(0, extra / (height + extra), 1, 1))
+    fig.text(0.01, (extra - 0.1) / (height + extra), text, fontsize=8, va="top", ha="left")
     path = os.path.join(out_dir, name)
     mech.atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     plt.close(fig)
     return [path]
 
 
-def points(ax, x, ys, color, label=None, marker="o", width=0.3):
-    """The seeds as dots at x, their mean as a bar."""
-    ax.scatter([x] * len(ys), ys, color=color, s=14, alpha=0.6, marker=marker)
-    ax.hlines(np.mean(ys), x - width, x + width, color=color, lw=2, label=label)
+def strip_panel(ax, columns: list, series: list) -> None:
+    """Columns of slots, one slot per series: a marker per run, their median's bar, the paper's
+    number as a black x; an empty column (or slot) says why."""
+    width = SLOTS / len(series)
+    for i, col in enumerate(columns):
+        if not col.runs:
+            empty_label(ax, i, col.empty)
+        ax.text(i, 0.03, col.note, ha="center", fontsize=7, color="dimgrey",
+                transform=x_data_y_axes(ax))
+        for j, s in enumerate(series):
+            x = i + width * (j - (len(series) - 1) / 2)
+            runs = [r for r in col.runs if s.keep(r)]
+            if runs:
+                seed_markers(ax, x, runs, s, width)
+            elif col.runs:  # the column has runs, this series none
+                empty_label(ax, x, "not run")
+            if j < len(col.paper) and col.paper[j] is not None:
+                ax.scatter([x + PAPER_AT * width], [col.paper[j]], marker="x", color="k", s=30,
+                           linewidths=1.5, zorder=4)
+    ax.set_xticks(range(len(columns)), [c.label for c in columns], fontsize=8)
+    ax.set_xlim(-0.6, len(columns) - 0.4)
 
 
-def guides(ax, vertical=False):
-    """Dashed lines at Attrib 0 (the position restores nothing) and 1 (it restores the answer)."""
-    for v in (0, 1):
-        ax.axhline(v, color="grey", ls="--", lw=0.6)
-        if vertical:
-            ax.axvline(v, color="grey", ls="--", lw=0.6)
+def seed_markers(ax, x: float, runs: list, s: Series, width: float) -> None:
+    """A hollow marker per run at its own x (spread_x), and the bar of their median run."""
+    runs = sorted(runs, key=lambda r: (r["seed"], r["lr"], r["folder"]))
+    ys = [s.value(r) for r in runs]
+    ax.scatter(spread_x(x, len(runs), width), ys, marker=s.marker, s=20, linewidths=1.2,
+               facecolors="none", edgecolors=["grey" if s.faded(r) else s.color for r in runs],
+               zorder=3)
+    middle = summary_mark(ys)
+    if middle is not None:
+        centre, half = x + SEEDS_AT * width, (SEEDS_SPREAD + 0.08) * width
+        ax.hlines(middle, centre - half, centre + half, color=s.color, lw=2, zorder=2)
 
 
-def square_legend(ax, entries):
-    """A legend of coloured squares, [(label, colour)], for panels whose artists carry no label."""
-    for label, color in entries:
-        ax.plot([], [], "s", color=color, label=label)
-    ax.legend(fontsize=7)
+def spread_x(x: float, n: int, width: float) -> np.ndarray:
+    """n positions across the runs' part of a slot of this width centred at x, in order: a small
+    deterministic jitter, so that runs with the same value are still told apart."""
+    return x + width * (SEEDS_AT + SEEDS_SPREAD * (np.linspace(-1, 1, n) if n > 1
+                                                   else np.zeros(1)))
 
+
+def summary_mark(ys: list):
+    """The value of the median run, the bar drawn over a slot, or None: a summary must be one of
+    the runs and stand for them all, so none for fewer than 3 runs (no middle one) or for runs
+    that split (max - min > SPLIT). With an even number of runs, the lower of the middle two."""
+    if len(ys) < 3 or max(ys) - min(ys) > SPLIT:
+        return None
+    return statistics.median_low(ys)
+
+
+def empty_label(ax, x: float, text: str) -> None:
+    """Why a column or slot is empty, written up it (the paper's x, if any, stays on top)."""
+    ax.text(x, 0.5, text, rotation=90, ha="center", va="center", fontsize=7, color="dimgrey",
+            transform=x_data_y_axes(ax), zorder=1,
+            bbox=dict(facecolor="white", edgecolor="none", alpha=0.7, pad=1))
+
+
+def x_data_y_axes(ax):
+    """Coordinates for text in a column: x in data (the column), y in the axes (0 to 1), so that
+    it sits at the same height whatever the panel's y-range."""
+    return transforms.blended_transform_factory(ax.transData, ax.transAxes)
+
+
+def legend(ax, series: list, paper: str = "", extra=()) -> None:
+    """The figure's key, right of ax: each series' marker, the median bar, the paper's x."""
+    handles = [Line2D([], [], ls="none", marker=s.marker, mfc="none", mec=s.color, mew=1.3,
+                      label=s.label) for s in series]
+    handles.append(Line2D([], [], color="grey", lw=2, label="median run (bar)"))
+    if paper:
+        handles.append(Line2D([], [], ls="none", marker="x", color="k", mew=1.6, label=paper))
+    ax.legend(handles=handles + list(extra), loc="upper left", bbox_to_anchor=(1.01, 1),
+              fontsize=8, frameon=False)
+
+
+def attrib_axes(axes: list, panels: list, ylabel: str) -> None:
+    """Attrib axes: dashed lines at 0 (the position restores nothing) and 1 (all of the answer),
+    and one y-range for all of them, that of every run and paper number drawn in the panels,
+    [(columns, series)]."""
+    ys = [s.value(r) for columns, series in panels for c in columns for s in series
+          for r in c.runs if s.keep(r)]
+    ys += [v for columns, _ in panels for c in columns for v in c.paper if v is not None]
+    for ax in axes:
+        for v in (0, 1):
+            ax.axhline(v, color="grey", ls="--", lw=0.6, zorder=0)
+        ax.set(ylim=(min([-0.1] + ys) - 0.05, max([1.1] + ys) + 0.05), ylabel=ylabel)
+
+
+def stacked_panels(n: int, width: float = 10, height: float = 2.6):
+    """n panels above each other, sharing their columns and their y-scale."""
+    fig, axes = plt.subplots(n, 1, figsize=(width, height * n), sharex=True, sharey=True,
+                             squeeze=False)
+    return fig, list(axes[:, 0])
+
+
+# ── captions: what the runs drawn are, read off their records ─────────────────────────────────
+
+def scale_note(runs: list) -> str:
+    """Our scale: width, preset, training steps, learning rates and seeds of the runs."""
+    models = {}  # configuration but seed and lr -> its learning rates
+    for r in runs:
+        models.setdefault(config_key(r, ("seed", "lr")), set()).add(r["lr"])
+    lrs = by_model(runs, lambda r: r["lr"], "{:g}".format)
+    lr = (f"one learning rate per model, {lrs}" if max(map(len, models.values())) == 1
+          else f"each seed at its best learning rate of {lrs}")
+    steps = by_model(runs, lambda r: configuration(r)["steps"], "{:,}".format)
+    presets = " / ".join(sorted({r.get("preset") or DEFAULTS["preset"] for r in runs}))
+    per_model = collections.Counter(config_key(r, ("seed",)) for r in runs).values()
+    return (f"Ours: d = {span(r['d_model'] for r in runs)}, mech.py --preset {presets}, {steps} "
+            f"training steps, {lr}; {span(per_model)} seeds per model "
+            f"({span(r['seed'] for r in runs)}).")
+
+
+def by_model(runs: list, value, fmt) -> str:
+    """A setting over runs: the value of most runs, then the architectures (with their task, if
+    the runs span two) whose runs differ, e.g. "15,000 (attention 30,000; mamba 20,000)"."""
+    two_tasks = len({r["task"] for r in runs}) > 1
+    values = {}
+    for r in runs:
+        model = f"{r['task'].upper()} {r['arch']}" if two_tasks else r["arch"]
+        values.setdefault(model, set()).add(value(r))
+    common = collections.Counter(map(value, runs)).most_common(1)[0][0]
+    odd = [f"{m} {', '.join(map(fmt, sorted(vs)))}" for m, vs in values.items() if vs != {common}]
+    return fmt(common) + (f" ({'; '.join(odd)})" if odd else "")
+
+
+def span(values) -> str:
+    """"64", or "42-44" for a range."""
+    values = sorted(set(values))
+    return f"{values[0]}" if len(values) == 1 else f"{values[0]}-{values[-1]}"
+
+
+def filter_note(runs: list) -> str:
+    """The filter the mechanism panels apply, and how many of the runs pass it."""
+    rule = ", ".join(f"≥ {MIN_EFFECT[t]} on {t.upper()}" for t in sorted({r["task"] for r in runs}))
+    return (f"Attribs only of the runs whose answer reacts to corrupting the Key: p_clean − "
+            f"p_corrupted {rule} (the paper's filter); {sum(map(reacts, runs))} of {len(runs)} "
+            "runs pass.")
+
+
+MEDIANS_NOTE = "the median over its runs that pass the filter (all its widths and learning rates)"
+
+
+def paper_best(runs: list) -> str:
+    """What the paper's accuracies beside the runs are."""
+    return (f"its one seed at d = {span(r['d_model'] for r in runs)}, the best of its "
+            f"{len(LR5)}-{len(LR7)} learning rates after "
+            f"{mech.Config(task=runs[0]['task'], preset='paper').total_steps:,} steps")
+
+
+def paper_note(source: str, what: str, panels: list, filtered: bool = False) -> str:
+    """Where the paper's x come from and what they are, and the columns without one, by panel:
+    panels [(name, columns)] (one unnamed panel: [("", columns)]); filtered: the paper's x are of
+    the runs past its filter, so that a column may lack one for want of such runs."""
+    missing = [(name, [c.label.replace("\n", " ") for c in columns
+                       if all(v is None for v in c.paper)]) for name, columns in panels]
+    missing = "; ".join(f"{name}{': ' if name else ''}{', '.join(labels)}"
+                        for name, labels in missing if labels)
+    why = "no number in the paper" + (", or none of its runs passes the filter" if filtered else "")
+    return f"x: the paper ({source}): {what}." + (f" No x ({why}): {missing}." if missing else "")
+
+
+# ── which runs a figure draws ─────────────────────────────────────────────────────────────────
 
 def at(position: str) -> str:
     return f"@{position.capitalize()}"
@@ -465,9 +824,30 @@ def layers_label(n: int) -> str:
     return f"{n} layer{'s' if n > 1 else ''}"
 
 
-def best_accuracies(records: list) -> list:
-    """The test accuracy of each seed (and width) at its best learning rate."""
-    return [r["accuracy"] for g in best_over_lr(records, "arch").values() for r in g]
+def best_runs(runs: list) -> list:
+    """The run of each seed (and configuration) at its best learning rate."""
+    return [r for group in best_over_lr(runs, "arch").values() for r in group]
+
+
+def paper_accuracy(values, runs: list) -> tuple:
+    """The paper's accuracy at the width of the runs, as the paper tuple of a one-series column:
+    (value,), or (None,) where it has none."""
+    d = runs[0]["d_model"] if runs else None
+    return (values[WIDTHS.index(d)] if values and d in WIDTHS else None,)
+
+
+def mechanism_column(label: str, runs: list, paper: tuple) -> Column:
+    """A column of the runs whose answer reacts to the corruption; empty, it says why, and where
+    only some runs pass, how many."""
+    passed = [r for r in runs if reacts(r)]
+    why = f"no run passes\nthe {MIN_EFFECT[runs[0]['task']]} filter" if runs else "not run"
+    some = f"{len(passed)} of {len(runs)} pass" if 0 < len(passed) < len(runs) else ""
+    return Column(label, passed, paper, why, some)
+
+
+def by_position(paper) -> tuple:
+    """A paper Attrib dict as the paper tuple of a column of SHOWN positions."""
+    return tuple(paper.get(p) if paper else None for p in SHOWN)
 
 
 def main_variant(r: dict) -> bool:
@@ -482,134 +862,177 @@ def main_ar(records: list) -> list:
             and not conv_variant(r) + pe_variant(r)]
 
 
+def archs_of(runs: list) -> list:
+    return [a for a in ARCHS if any(r["arch"] == a for r in runs)]
+
+
+def of_arch(runs: list, arch: str) -> list:
+    return [r for r in runs if r["arch"] == arch]
+
+
+# ── the figures ───────────────────────────────────────────────────────────────────────────────
+
 def ar_accuracy(records: list, out_dir: str) -> list:
-    """§5.1 (ar_32): AR accuracy by architecture and width, each seed at its best learning rate."""
-    best = best_over_lr(main_ar(records), "arch")
-    if not best:
+    """§5.1 (ar_32): AR accuracy by architecture, beside the paper's."""
+    rs = main_ar(records)
+    if not rs:
         return []
-    fig, ax = plt.subplots(figsize=(6, 4))
-    widths = sorted({d for _, d in best})
-    for i, arch in enumerate(ARCHS):
-        groups = {d: [r["accuracy"] for r in rs] for (a, d), rs in best.items() if a == arch}
-        if len(widths) == 1 and groups:  # one width (the CPU preset): one column per architecture
-            points(ax, i, groups[widths[0]], COLORS[arch])
-        elif groups:
-            ds = sorted(groups)
-            ax.plot(ds, [np.mean(groups[d]) for d in ds], "-o", color=COLORS[arch], label=arch,
-                    ms=4)
-            for d in ds:
-                ax.scatter([d] * len(groups[d]), groups[d], color=COLORS[arch], s=10, alpha=0.5)
-    if len(widths) == 1:
-        ax.set_xticks(range(len(ARCHS)), ARCHS, rotation=45, fontsize=8)
-        ax.set(xlabel=f"architecture (d = {widths[0]})")
-    else:
-        ax.set_xscale("log", base=2)
-        ax.set(xlabel="model width d")
-        ax.legend(fontsize=8)
-    ax.set(ylabel="test accuracy (best learning rate)", ylim=(-0.02, 1.02),
-           title="Associative Recall: accuracy by architecture (2 layers)")
-    return save(fig, out_dir, "ar_accuracy.png")
+    columns = [Column(a, best_runs(of_arch(rs, a)),
+                      paper_accuracy(PAPER["ar_accuracy"].get(a), rs)) for a in archs_of(rs)]
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    strip_panel(ax, columns, [ACCURACY])
+    ax.set(xlabel="architecture (2 layers; Attention with a position embedding, the others "
+           "without)", ylabel="test accuracy", ylim=ACCURACY_YLIM)
+    legend(ax, [ACCURACY], BEST_LABEL)
+    fig.suptitle("Associative Recall (AR): test accuracy of each architecture")
+    return save(fig, out_dir, "ar_accuracy.png",
+                [MARKS, scale_note(rs), paper_note("ar_32.pdf, §5.1", paper_best(rs),
+                                                   [("", columns)])])
 
 
 def ar_mechanism(records: list, out_dir: str) -> list:
-    """§5.1 (ar_32_diff): the main Attribs of every AR run whose answer reacts to the corruption,
-    Attrib@Value against Attrib@Query and Attrib@Query against Attrib@Key."""
-    analysed = [r for r in main_ar(records) if reacts(r)]
-    if not analysed:
+    """§5.1 (ar_32_diff): where patching the last layer's input restores the answer, per
+    architecture: Attrib at the Key, Query and Value."""
+    rs = main_ar(records)
+    if not any(map(reacts, rs)):
         return []
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
-    for ax, (x, y) in zip(axes, (("query", "value"), ("key", "query"))):
-        for arch in ARCHS:
-            rs = [r for r in analysed if r["arch"] == arch]
-            if rs:
-                ax.scatter([r["attrib"][x] for r in rs], [r["attrib"][y] for r in rs],
-                           color=COLORS[arch], label=arch, s=18, alpha=0.8)
-        guides(ax, vertical=True)
-        ax.set(xlabel=f"Attrib{at(x)}", ylabel=f"Attrib{at(y)}", title=f"{at(y)} vs {at(x)}")
-    axes[0].legend(fontsize=8)
-    fig.suptitle("AR mechanism: where patching the last layer's input restores the answer "
-                 "(Key corrupted)")
-    return save(fig, out_dir, "ar_mechanism.png")
+    columns = [mechanism_column(a, of_arch(rs, a), by_position(PAPER["ar_mechanism"].get(a)))
+               for a in archs_of(rs)]
+    series = position_series("attrib")
+    fig, ax = plt.subplots(figsize=(11, 3.8))
+    strip_panel(ax, columns, series)
+    attrib_axes([ax], [(columns, series)], "Attrib (last layer's input)")
+    ax.set(xlabel="architecture (2 layers)")
+    legend(ax, series, MEDIAN_LABEL)
+    fig.suptitle("AR mechanism: the share of the answer's probability that patching one position "
+                 "of the\nlast layer's input restores (Key corrupted): @Value = induction, "
+                 "@Query or @Key = direct retrieval")
+    return save(fig, out_dir, "ar_mechanism.png",
+                [MARKS, filter_note(rs), scale_note(rs),
+                 paper_note("ar_32_diff_query_item_orig.pdf and its _q.pdf, §5.1",
+                            MEDIANS_NOTE, [("", columns)], True)])
+
+
+def mamba_paper(task: str, k: int, runs: list) -> tuple:
+    """The paper's accuracy (as a column's paper tuple) and Attribs of Mamba with short conv
+    width k on task: on AR by width (mamba_ar_32, mamba_ar_box); on ATR only the default width,
+    the main ATR runs (atr, atr_box)."""
+    if task == "ar":
+        return (paper_accuracy(PAPER["ar_mamba_dconv"].get(k), runs),
+                by_position(PAPER["ar_mamba_dconv_mechanism"].get(k)))
+    main = k == mech.DEFAULT_DCONV["mamba"]
+    return (paper_accuracy(PAPER["atr_accuracy"][("easy", "mamba")] if main else None, runs),
+            by_position(PAPER["atr_mechanism"][("easy", "mamba")] if main else None))
 
 
 def mamba_dconv(records: list, out_dir: str) -> list:
     """Mamba's short-conv ablation, accuracy and mechanism by conv width: on AR (§5.4, mamba_ar_32
     and mamba_ar_box) and on ATR easy (arXiv 2505.15105v3: without the conv, induction)."""
     paths = []
-    for task, name, title in (("ar", "ar_mamba_dconv.png", "AR"),
-                              ("atr", "atr_mamba_dconv.png", "ATR easy")):
+    for task, name, title, source in (
+            ("ar", "ar_mamba_dconv.png", "AR", "mamba_ar_32.pdf and mamba_ar_box.pdf, §5.4"),
+            ("atr", "atr_mamba_dconv.png", "ATR easy",
+             "atr.pdf and atr_box.pdf, §5.2: the default d_conv 4 only; v3's ATR ablation gives "
+             "no numbers")):
         rs = [r for r in records if r["task"] == task and r["arch"] == "mamba" and r["n_layer"] == 2
               and r.get("atr", "easy") == "easy" and main_variant(r)]
         widths = sorted({r["d_conv"] for r in rs})
         if len(widths) < 2:
             continue
-        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-        best = best_over_lr(rs, "d_conv")
-        labelled = set()
+        accuracy, attribs = [], []
         for k in widths:
-            seeds = [r for (kk, _), group in best.items() if kk == k for r in group]
-            points(axes[0], k, [r["accuracy"] for r in seeds], "C0")
-            for j, (p, m) in enumerate(SHOWN):
-                ys = [r["attrib"][p] for r in seeds if reacts(r)]
-                if ys:
-                    points(axes[1], k + 0.25 * (j - 1), ys, f"C{j + 1}",
-                           None if p in labelled else at(p), m)  # one legend entry each
-                    labelled.add(p)
-        axes[0].set(xlabel="d_conv (0 = no convolution)", ylabel="test accuracy",
-                    ylim=(-0.02, 1.02), title=f"Mamba on {title}: accuracy by short-conv width")
-        axes[1].set(xlabel="d_conv", ylabel="Attrib (last layer's input, Key corrupted)",
-                    title=f"Mamba on {title}: mechanism by short-conv width")
-        if labelled:
-            axes[1].legend(fontsize=8)
-        else:
-            axes[1].text(0.5, 0.5, "no run moved p(answer) enough to attribute", ha="center",
-                         transform=axes[1].transAxes)
-        for ax in axes:
-            ax.set_xticks(widths)
-        paths += save(fig, out_dir, name)
+            runs = [r for r in rs if r["d_conv"] == k]
+            paper = mamba_paper(task, k, runs)
+            accuracy.append(Column(str(k), best_runs(runs), paper[0]))
+            attribs.append(mechanism_column(str(k), runs, paper[1]))
+        paths += dconv_figure(accuracy, attribs, rs, f"Mamba on {title}", source, name, out_dir)
     return paths
 
 
+def dconv_figure(accuracy: list, attribs: list, rs: list, title: str, source: str, name: str,
+                 out_dir: str) -> list:
+    """A conv-width ablation: accuracy (left) and Attribs (right) by d_conv."""
+    series = position_series("attrib")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.6), width_ratios=(1, 1.5))
+    strip_panel(left, accuracy, [ACCURACY])
+    strip_panel(right, attribs, series)
+    left.set(xlabel="d_conv: short-conv width (0 = none; 4 = default)", ylabel="test accuracy",
+             ylim=ACCURACY_YLIM, title="accuracy")
+    attrib_axes([right], [(attribs, series)], "Attrib (last layer's input)")
+    right.set(xlabel="d_conv", title="mechanism: Attrib per position (Key corrupted)")
+    legend(right, [ACCURACY] + series, "paper (its best run / median of its runs)")
+    fig.suptitle(f"{title}: accuracy and mechanism by the width of its short convolution")
+    return save(fig, out_dir, name,
+                [MARKS, filter_note(rs), scale_note(rs),
+                 paper_note(source, f"accuracy: {paper_best(rs)}; Attribs: {MEDIANS_NOTE}",
+                            [("accuracy at d_conv", accuracy), ("Attribs at d_conv", attribs)],
+                            True)])
+
+
 def mamba_conv_restored(records: list, out_dir: str) -> list:
-    """arXiv 2505.15105v3, Mamba's induction lives in its short convolution: the Attrib of patching
-    layer 0's conv output at the Value and at Value+1, per task and conv width."""
+    """arXiv 2505.15105v3, Mamba's induction lives in its short convolution: the Attrib of
+    patching layer 0's conv output at the Key, the Value and Value+1, per task and conv width."""
     rs = [r for r in records if r["arch"] == "mamba" and r["n_layer"] == 2 and r.get("conv")
-          and main_variant(r) and reacts(r)]
-    if not rs:
+          and main_variant(r)]
+    if not any(map(reacts, rs)):
         return []
 
     def setting(r):
         return r["task"].upper() + (f" {r['atr']}" if r["task"] == "atr" else ""), r["d_conv"]
-    keys = sorted({setting(r) for r in rs})
-    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(keys)), 4))
-    for i, key in enumerate(keys):
-        for j, p in enumerate(("value", "value+1")):
-            ys = [r["conv"][p] for r in rs if setting(r) == key]
-            points(ax, i + 0.3 * j - 0.15, ys, f"C{j}", at(p) if i == 0 else None)
-    ax.set_xticks(range(len(keys)), [f"{t}\nd_conv {k}" for t, k in keys], fontsize=8)
-    ax.set(ylabel="Attrib of layer 0's conv output (Key corrupted)",
-           title="Mamba: patching its short conv's output in layer 0")
-    ax.legend(fontsize=8)
-    return save(fig, out_dir, "mamba_conv_restored.png")
+    series = position_series("conv", ("key", "value", "value+1"))
+    # an older analysis averaged Value+1 over all documents, the divider's position in 42-48 %
+    # of ATR ones: grey there, where it changes the number (in AR, only in the last pair)
+    series[-1].faded = lambda r: r["task"] == "atr" and all_documents(r, "value+1")
+    columns = [mechanism_column(f"{t}\nd_conv {k}", [r for r in rs if setting(r) == (t, k)], ())
+               for t, k in sorted({setting(r) for r in rs})]
+    fig, ax = plt.subplots(figsize=(13, 3.8))
+    strip_panel(ax, columns, series)
+    attrib_axes([ax], [(columns, series)], "Attrib of layer 0's conv output")
+    ax.set(xlabel="task and Mamba's short-conv width d_conv (d_conv 0: no convolution to patch)")
+    shown = [r for c in columns for r in c.runs]
+    old = sum(all_documents(r, "value+1") for r in shown)
+    grey = [Line2D([], [], ls="none", marker="D", mfc="none", mec="grey",
+                   label="@Value+1 in ATR, over all\ndocuments (older analysis)")]
+    legend(ax, series, extra=grey if any(map(series[-1].faded, shown)) else ())
+    fig.suptitle("Mamba: patching the output of its short convolution in layer 0 at one position "
+                 "(Key corrupted)")
+    return save(fig, out_dir, "mamba_conv_restored.png", [
+        MARKS, f"@Value+1: {len(shown) - old} of the {len(shown)} runs drawn were analysed over "
+        f"the documents where Value+1 is distinct (neither the divider nor the Query), {old} over "
+        "all documents (an older analysis: grey in ATR, where Value+1 is the divider in 42-48 % "
+        "of documents; in AR it is the divider only after the last pair).",
+        filter_note(rs), scale_note(rs),
+        "No paper marks: the paper (v3) reports this without numbers."])
 
 
 def based_conv(records: list, out_dir: str) -> list:
-    """§5.4 (based_ar_32): Based on AR with its BaseConv kernel 1..4 or the implicit long conv."""
-    rs = [r for r in records if r["task"] == "ar" and r["arch"] == "based" and r["n_layer"] == 2
-          and main_variant(r)]
+    """§5.4 (based_ar_32): Based on AR with its BaseConv kernel 1..4 or the implicit long conv,
+    and BaseConv with long convs only."""
+    rs = [r for r in records if r["task"] == "ar" and r["n_layer"] == 2 and main_variant(r)
+          and (r["arch"] == "based" or r["arch"] == "base_conv" and r["long_conv"])]
 
     def kind(r):
-        return "long" if r["long_conv"] else r["d_conv"]
-    kinds = sorted({kind(r) for r in rs}, key=str)
+        return r["arch"], "long" if r["long_conv"] else r["d_conv"]
+    kinds = sorted({kind(r) for r in rs}, key=lambda k: (k[0] != "based", str(k[1])))
     if len(kinds) < 2:
         return []
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for i, k in enumerate(kinds):
-        points(ax, i, best_accuracies([r for r in rs if kind(r) == k]), "C0")
-    ax.set_xticks(range(len(kinds)), [f"kernel {k}" if k != "long" else "long conv" for k in kinds])
-    ax.set(ylabel="test accuracy", ylim=(-0.02, 1.02),
-           title="Based on AR: its BaseConv layer's convolution")
-    return save(fig, out_dir, "based_conv.png")
+    names = {("based", mech.DEFAULT_DCONV["based"]): "kernel 3\n(default)",
+             ("based", "long"): "long conv", ("base_conv", "long"): "BaseConv,\nlong convs only"}
+    columns = []
+    for k in kinds:
+        runs = [r for r in rs if kind(r) == k]
+        paper = PAPER["based_conv"].get(k[1]) if k[0] == "based" else None
+        columns.append(Column(names.get(k, f"kernel {k[1]}"), best_runs(runs),
+                              paper_accuracy(paper, runs)))
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    strip_panel(ax, columns, [ACCURACY])
+    ax.set(xlabel="Based's BaseConv layer: a short conv of this kernel, or a long conv",
+           ylabel="test accuracy", ylim=ACCURACY_YLIM)
+    legend(ax, [ACCURACY], BEST_LABEL)
+    fig.suptitle("Based on AR (2 layers) by its BaseConv layer's convolution")
+    return save(fig, out_dir, "based_conv.png",
+                [MARKS, scale_note(rs), paper_note("based_ar_32.pdf, §5.4", paper_best(rs),
+                                                   [("", columns)])])
 
 
 def depth_runs(records: list) -> tuple:
@@ -620,50 +1043,64 @@ def depth_runs(records: list) -> tuple:
     return (rs, layers) if len(layers) > 1 else ([], [])
 
 
+def paper_depth(arch: str, n: int, runs: list):
+    """The paper's AR accuracy of arch with n layers at the width of the runs, or None."""
+    table = PAPER["ar_accuracy"].get(arch) if n == 2 else PAPER["ar_layers"].get((arch, n))
+    return paper_accuracy(table, runs)[0]
+
+
 def ar_layers(records: list, out_dir: str) -> list:
     """App. D.2 (ar_32_layers_with_3): AR accuracy by architecture and number of layers."""
     rs, layers = depth_runs(records)
     if not rs:
         return []
-    fig, ax = plt.subplots(figsize=(7, 4))
-    labelled = set()
-    for i, arch in enumerate(ARCHS):
-        for n in layers:
-            ys = best_accuracies([r for r in rs if r["arch"] == arch and r["n_layer"] == n])
-            if ys:
-                points(ax, i + 0.25 * (n - 2), ys, f"C{n - 1}",
-                       None if n in labelled else layers_label(n))  # one legend entry each
-                labelled.add(n)
-    ax.set_xticks(range(len(ARCHS)), ARCHS, fontsize=8)
-    ax.set(xlabel="architecture", ylabel="test accuracy", ylim=(-0.02, 1.02),
-           title="Associative Recall by depth")
-    ax.legend(fontsize=8)
-    return save(fig, out_dir, "ar_layers.png")
+    series = [Series(layers_label(n), LAYER_COLORS[i % 3], "o", lambda r: r["accuracy"],
+                     keep=lambda r, n=n: r["n_layer"] == n) for i, n in enumerate(layers)]
+    columns = [Column(a, best_runs(of_arch(rs, a)),
+                      tuple(paper_depth(a, n, rs) for n in layers)) for a in archs_of(rs)]
+    fig, ax = plt.subplots(figsize=(11, 3.6))
+    strip_panel(ax, columns, series)
+    ax.set(xlabel="architecture (slots: 1, 2, 3 layers)", ylabel="test accuracy",
+           ylim=ACCURACY_YLIM)
+    legend(ax, series, BEST_LABEL)
+    fig.suptitle("Associative Recall by depth: test accuracy with 1, 2 and 3 layers")
+    caption = [MARKS, scale_note(rs),
+               paper_note("ar_32_layers_with_3.pdf, App. D.2; 2 layers: ar_32.pdf",
+                          paper_best(rs), [("", columns)])]
+    if gaps := [c.label for c in columns for s in series if not any(map(s.keep, c.runs))]:
+        caption.append(f"\"not run\" ({', '.join(gaps)}): the sweep ar-layers runs no 1-layer "
+                       "Based, whose one layer would be its BaseConv layer (the 1-layer BaseConv).")
+    return save(fig, out_dir, "ar_layers.png", caption)
 
 
 def ar_layers_attrib(records: list, out_dir: str) -> list:
-    """App. D.3 (ar_32_layers_attrib): per layer, Attrib@Query of its mixer's output: the layer that
+    """App. D.3 (ar_32_layers_attrib): per layer, Attrib@Query of its mixer output: the layer that
     fetches the answer to the Query scores 1, the layers before and after it 0."""
     rs, layers = depth_runs(records)
-    analysed = [r for r in rs if r.get("query_by_layer") and reacts(r)]
-    if not analysed:
+    if not any(r.get("query_by_layer") and reacts(r) for r in rs):
         return []
-    fig, axes = plt.subplots(1, len(layers), figsize=(4.5 * len(layers), 4), squeeze=False,
-                             sharey=True)
-    for ax, n in zip(axes[0], layers):
-        for i, arch in enumerate(ARCHS):
-            for l in range(n):
-                ys = [r["query_by_layer"][l] for r in analysed
-                      if r["arch"] == arch and r["n_layer"] == n]
-                if ys:
-                    points(ax, i + 0.25 * (l - (n - 1) / 2), ys, f"C{l}", width=0.1)
-        square_legend(ax, [(f"layer {l}", f"C{l}") for l in range(n)])
-        guides(ax)
-        ax.set_xticks(range(len(ARCHS)), ARCHS, rotation=45, ha="right", fontsize=8)
-        ax.set(title=layers_label(n), xlabel="architecture")
-    axes[0][0].set(ylabel="Attrib@Query of the layer's mixer output")
-    fig.suptitle("AR by depth: which layer brings the answer to the Query (Key corrupted)")
-    return save(fig, out_dir, "ar_layers_attrib.png")
+    fig, axes = stacked_panels(len(layers), width=12)
+    panels = []  # (columns, series) of each
+    for ax, n in zip(axes, layers):
+        series = [Series(f"layer {l}", LAYER_COLORS[l % 3], "o",
+                         lambda r, l=l: r["query_by_layer"][l]) for l in range(n)]
+        at_depth = [r for r in rs if r["n_layer"] == n]
+        columns = [mechanism_column(a, of_arch(at_depth, a),
+                                    PAPER["ar_layers_attrib"].get((n, a), ()))
+                   for a in archs_of(rs)]
+        strip_panel(ax, columns, series)
+        ax.set_title(f"{layers_label(n)} (slots: layer {', '.join(map(str, range(n)))})",
+                     fontsize=9)
+        panels.append((columns, series))
+    attrib_axes(axes, panels, "Attrib@Query")
+    legend(axes[-1], panels[-1][1], MEDIAN_LABEL)
+    axes[-1].set(xlabel="architecture")
+    fig.suptitle("AR by depth: which layer's mixer brings the answer to the Query\n"
+                 "(Attrib@Query of each layer's mixer output, Key corrupted)")
+    return save(fig, out_dir, "ar_layers_attrib.png", [
+        MARKS, filter_note(rs), scale_note(rs),
+        paper_note("ar_32_layers_attrib.pdf, App. D.3", MEDIANS_NOTE,
+                   [(layers_label(n), cs) for n, (cs, _) in zip(layers, panels)], True)])
 
 
 def atr_model(r: dict) -> str:
@@ -683,61 +1120,177 @@ def main_atr(records: list) -> tuple:
     return rs, settings, models
 
 
-def setting_panels(settings: list):
-    """One panel per ATR setting."""
-    fig, axes = plt.subplots(1, len(settings), figsize=(max(6.5, 5 * len(settings)), 4.2),
-                             squeeze=False)
-    return fig, zip(axes[0], settings)
+ATR_MODELS = "model (2 layers; attention: with a position embedding, NoPE: without one)"
+
+
+def setting_title(s: str) -> str:
+    grammar = mech.ATR_SETTINGS[s]
+    return (f"ATR {s}: rules of up to {grammar['max_rhs_len']} symbols, "
+            f"{grammar['n_terminals']} terminals")
 
 
 def atr_accuracy(records: list, out_dir: str) -> list:
-    """§5.2 (atr): ATR accuracy by architecture, one panel per setting, each seed at its best
-    learning rate."""
+    """§5.2 (atr): ATR accuracy by model, one panel per setting, beside the paper's and the
+    copy-next-token baseline."""
     rs, settings, models = main_atr(records)
     if not settings:
         return []
-    # the paper's axis starts at 0.4; ours drops lower where a seed failed, rather than hide it
-    bottom = min([0.3] + [r["accuracy"] - 0.03 for r in rs])
-    fig, panels = setting_panels(settings)
-    for ax, s in panels:
-        for i, name in enumerate(models):
-            ys = best_accuracies([r for r in rs if r["atr"] == s and atr_model(r) == name])
-            if ys:
-                points(ax, i, ys, COLORS[name.split()[0]])
-        ax.set_xticks(range(len(models)), models, rotation=45, ha="right", fontsize=8)
-        ax.set(ylabel="test accuracy", ylim=(bottom, 1.02), title=f"ATR {s}")
-    fig.suptitle("Associative Treecall: accuracy by architecture (2 layers)")
-    return save(fig, out_dir, "atr_accuracy.png")
+    fig, axes = stacked_panels(len(settings))
+    panels = []  # (setting, its columns)
+    for ax, s in zip(axes, settings):
+        runs = {m: [r for r in rs if r["atr"] == s and atr_model(r) == m] for m in models}
+        panel = [Column(m, best_runs(runs[m]), paper_accuracy(PAPER["atr_accuracy"].get((s, m)),
+                                                              runs[m])) for m in models]
+        strip_panel(ax, panel, [ACCURACY])
+        ax.axhline(PAPER["atr_copy_next_token"][s], color="grey", ls="--", lw=1, zorder=0)
+        ax.set(ylabel="test accuracy", ylim=ACCURACY_YLIM)
+        ax.set_title(setting_title(s), fontsize=9)
+        panels.append((s, panel))
+    axes[-1].set(xlabel=ATR_MODELS)
+    legend(axes[0], [ACCURACY], BEST_LABEL,
+           [Line2D([], [], color="grey", ls="--", lw=1, label="copy-next-token baseline")])
+    baselines = ", ".join(f"{s} {PAPER['atr_copy_next_token'][s]}" for s in settings)
+    fig.suptitle("Associative Treecall (ATR): test accuracy of each model, per setting")
+    return save(fig, out_dir, "atr_accuracy.png", [
+        MARKS, scale_note(rs),
+        paper_note("atr.pdf, §5.2; Attention NoPE: pos_embed.pdf, App. D.1", paper_best(rs),
+                   panels),
+        f"Dashed: the copy-next-token baseline ({baselines}): answering with the token after "
+        "the Query's last earlier occurrence, measured on the official ATR generator's "
+        "documents; a model must beat it to have learned anything of the tree."])
 
 
 def atr_mechanism(records: list, out_dir: str) -> list:
-    """§5.2 (atr_box): the main Attribs of the ATR runs whose answer reacts to the corruption, as
-    box plots where there are 3 seeds or more."""
+    """§5.2 (atr_box): the main Attribs of the ATR runs whose answer reacts to the corruption,
+    one panel per setting."""
     rs, settings, models = main_atr(records)
-    if not settings:
+    if not any(map(reacts, rs)):
         return []
-    fig, panels = setting_panels(settings)
-    for ax, s in panels:
-        for i, name in enumerate(models):
-            analysed = [r for r in rs if r["atr"] == s and atr_model(r) == name and reacts(r)]
-            for j, (p, _) in enumerate(SHOWN):
-                ys = [r["attrib"][p] for r in analysed]
-                x = i + 0.25 * (j - 1)
-                if len(ys) >= 3:
-                    ax.boxplot([ys], positions=[x], widths=0.2, patch_artist=True, showfliers=False,
-                               boxprops=dict(facecolor=f"C{j + 1}", alpha=0.5),
-                               medianprops=dict(color="k"))
-                ax.scatter([x] * len(ys), ys, color=f"C{j + 1}", s=14, zorder=3)
-        square_legend(ax, [(at(p), f"C{j + 1}") for j, (p, _) in enumerate(SHOWN)])
-        guides(ax)
-        ax.set_xticks(range(len(models)), models, rotation=45, ha="right", fontsize=8)
-        ax.set(ylabel="Attrib (last layer's input, Key corrupted)", title=f"ATR {s}")
-    fig.suptitle("ATR mechanism: which position restores the answer")
-    return save(fig, out_dir, "atr_mechanism.png")
+    series = position_series("attrib")
+    fig, axes = stacked_panels(len(settings), width=12)
+    panels = []  # (setting, its columns)
+    for ax, s in zip(axes, settings):
+        panel = [mechanism_column(m, [r for r in rs if r["atr"] == s and atr_model(r) == m],
+                                  by_position(PAPER["atr_mechanism"].get((s, m))))
+                 for m in models]
+        strip_panel(ax, panel, series)
+        ax.set_title(setting_title(s), fontsize=9)
+        panels.append((s, panel))
+    attrib_axes(axes, [(panel, series) for _, panel in panels], "Attrib (last layer's input)")
+    axes[-1].set(xlabel=ATR_MODELS)
+    legend(axes[0], series, MEDIAN_LABEL)
+    fig.suptitle("ATR mechanism: the share of the answer's probability that patching one "
+                 "position of the\nlast layer's input restores (Key corrupted): @Value = "
+                 "induction, @Query or @Key = direct retrieval")
+    return save(fig, out_dir, "atr_mechanism.png", [
+        MARKS, filter_note(rs), scale_note(rs),
+        paper_note("atr_box.pdf, §5.2", MEDIANS_NOTE, panels, True)])
+
+
+# ── the mechanism while it forms (curves of the runs watched while they trained) ─────────────────
+
+# the models whose dynamics the report shows: (title, what their records match)
+DYNAMICS = (("AR: attention (induction)", dict(task="ar", arch="attention", d_conv=None)),
+            ("AR: Based (induction)", dict(task="ar", arch="based", d_conv=3)),
+            ("AR: Mamba, d_conv 4 (retrieval at the Query, via its conv)",
+             dict(task="ar", arch="mamba", d_conv=4)),
+            ("ATR easy: Mamba without its conv, d_conv 0 (induction)",
+             dict(task="atr", atr="easy", arch="mamba", d_conv=0)))
+CONV = "conv_output[0]@value+1"  # Mamba's conv at the token after the Value (arXiv 2505.15105v3)
+
+
+def watched_runs(records: list) -> list:
+    """[(title, runs)] of the DYNAMICS models that have runs watched while training."""
+    panels = [(title, [r for r in records if "dynamics" in r and r["n_layer"] == 2
+                       and main_variant(r) and not r["long_conv"]
+                       and all(r.get(k) == v for k, v in match.items())])
+              for title, match in DYNAMICS]
+    return [(title, sorted(rs, key=lambda r: r["seed"])) for title, rs in panels if rs]
+
+
+def followed(r: dict) -> list:
+    """The Attribs a run's dynamics follow: its verdict's position (if its final analysis names
+    one), and for Mamba with a conv, the conv's output at Value+1."""
+    name = mech.dominant(r["attrib"]) if reacts(r) else None
+    return ([name] if name else []) + ([CONV] if CONV in r["dynamics"]["attrib"] else [])
+
+
+def moments_of(r: dict, name: str) -> dict:
+    """mech.moments of a record's dynamics, for the Attrib `name`."""
+    d = r["dynamics"]
+    curve = [dict(step=s, accuracy=a, attrib=dict(effect=e, main={name: v}, cells={}))
+             for s, a, e, v in zip(d["step"], d["accuracy"], d["effect"], d["attrib"][name])]
+    return mech.moments(curve, name, MIN_EFFECT[r["task"]])
+
+
+def dynamics_table(records: list) -> str:
+    """Markdown: per watched run and Attrib, the step it passes 0.5 and the step accuracy passes
+    half its final value, and which comes first."""
+    lines = ["| model | seed | Attrib | passes 0.5 at | accuracy passes half its final at | "
+             "first |", "|---|---:|---|---:|---:|---|"]
+    for title, rs in watched_runs(records):
+        for r in rs:
+            for name in followed(r):
+                m = moments_of(r, name)
+                first = ("-" if m["mechanism"] is None else "together"
+                         if m["mechanism"] == m["accuracy"] else
+                         f"mechanism, by {m['accuracy'] - m['mechanism']:,} steps"
+                         if m["mechanism"] < m["accuracy"]
+                         else f"accuracy, by {m['mechanism'] - m['accuracy']:,} steps")
+                lines.append(f"| {title.split(' (')[0]} | {r['seed']} | {name} | "
+                             f"{m['mechanism'] or 'never'} | {m['accuracy']} | {first} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def mechanism_dynamics(records: list, out_dir: str) -> list:
+    """Beyond the paper (it analyses trained models only): accuracy and the verdict's Attrib along
+    training, one panel per model, every seed, with the moments marked."""
+    panels = watched_runs(records)
+    if not panels:
+        return []
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 2.7 * len(panels)), squeeze=False)
+    dashes = ("-", "--", "-.", ":")
+    for ax, (title, rs) in zip(axes[:, 0], panels):
+        for i, r in enumerate(rs):
+            d, ls = r["dynamics"], dashes[i % len(dashes)]
+            ax.plot(d["step"], d["accuracy"], color="k", ls=ls, lw=1.2)
+            gate = MIN_EFFECT[r["task"]]
+            for name, color in zip(followed(r), ("C3", "C4")):
+                ys = [v if e >= gate else np.nan for v, e in zip(d["attrib"][name], d["effect"])]
+                ax.plot(d["step"], ys, color=color, ls=ls, lw=1.5)
+                m = moments_of(r, name)
+                if m["mechanism"] is not None:
+                    ax.plot(m["mechanism"], 0.5, marker="^", color=color, ms=7, mfc="none")
+            m = moments_of(r, followed(r)[0]) if followed(r) else None
+            if m and m["accuracy"] is not None:
+                half = 0.5 * d["accuracy"][-1]
+                ax.plot(m["accuracy"], half, marker="o", color="k", ms=6, mfc="none")
+        ax.set(title=title, ylabel="accuracy / Attrib", ylim=(-0.3, 1.6))
+        ax.axhline(0.5, color="grey", lw=0.5, ls=":")
+    axes[-1, 0].set(xlabel="training step")
+    seeds = [Line2D([], [], color="grey", ls=dashes[i], label=f"seed {s}") for i, s in
+             enumerate(sorted({r["seed"] for _, rs in panels for r in rs}))]
+    kinds = [Line2D([], [], color="k", label="test accuracy"),
+             Line2D([], [], color="C3", label="the verdict's Attrib (last layer's input)"),
+             Line2D([], [], color="C4", label="Mamba: Attrib of layer 0's conv output @Value+1"),
+             Line2D([], [], ls="none", marker="^", color="k", mfc="none",
+                    label="an Attrib passes 0.5: the mechanism has formed"),
+             Line2D([], [], ls="none", marker="o", color="k", mfc="none",
+                    label="accuracy passes half its final value")]
+    axes[0, 0].legend(handles=kinds + seeds, loc="upper left", bbox_to_anchor=(1.01, 1),
+                      fontsize=8, frameon=False)
+    fig.suptitle("The mechanism while it forms: accuracy and Attrib (Key corrupted) at every "
+                 "evaluation, on 128 test documents")
+    runs = [r for _, rs in panels for r in rs]
+    return save(fig, out_dir, "mechanism_dynamics.png", [
+        "Attribs are drawn where the Key matters (p_clean − p_corrupted ≥ 0.01 on AR, ≥ 0.1 on "
+        "ATR, the paper's filters); before that they are noise. The verdict's Attrib is the one "
+        "the run's final analysis names (@Value: induction, @Query: retrieval at the last "
+        "position). Which comes first, in steps: runs/summary.md.", scale_note(runs)])
 
 
 FIGURES = (ar_accuracy, ar_mechanism, mamba_dconv, mamba_conv_restored, based_conv, ar_layers,
-           ar_layers_attrib, atr_accuracy, atr_mechanism)
+           ar_layers_attrib, atr_accuracy, atr_mechanism, mechanism_dynamics)
 
 
 # what the figures compare runs by (their panels, columns and points); the other fields but the
@@ -764,10 +1317,23 @@ def one_protocol(records: list, log=print) -> list:
     return [r for r in records if id(r) in drawn]
 
 
+def one_width(records: list, log=print) -> list:
+    """The records of one width d, the one with the most runs (d = 64 among equals: the width the
+    report compares with the paper), so that no column mixes widths and the paper's numbers
+    beside ours are at our width. A note names the widths left out; the summary table has them."""
+    counts = collections.Counter(r["d_model"] for r in records)
+    if len(counts) < 2:
+        return records
+    d = max(counts, key=lambda w: (counts[w], w == 64))
+    log(f"figures: drawn at d = {d}; the runs at d = "
+        f"{', '.join(str(w) for w in sorted(counts) if w != d)} are in the summary table only")
+    return [r for r in records if r["d_model"] == d]
+
+
 def plot_figures(records: list, out_dir: str, log=print) -> list:
     """Draw every figure the records allow as PNGs in out_dir; returns the paths written."""
     os.makedirs(out_dir, exist_ok=True)
-    records = one_protocol(records, log)
+    records = one_width(one_protocol(records, log), log)
     return [path for figure in FIGURES for path in figure(records, out_dir)]
 
 
@@ -843,7 +1409,7 @@ def collect_and_draw(root: str, figures_dir: str, parser: Parser) -> list:
         parser.error(f"--collect {root}: no such directory")
     records = collect(root)
     mech.write_json(os.path.join(root, "results.json"), records)
-    table = summary_table(records)
+    table = "\n\n".join(filter(None, (summary_table(records), dynamics_table(records))))
     mech.write_text(os.path.join(root, "summary.md"), table + "\n")
     paths = plot_figures(records, figures_dir)
     print(f"{table}\n\n{len(records)} runs collected into {os.path.join(root, 'results.json')} "

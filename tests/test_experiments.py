@@ -51,6 +51,30 @@ def record(folder, accuracy, **fields):
                 dev_accuracy=None, wall_time_s=1.0)
 
 
+def table_rows(table):
+    """The cells of a summary table's rows (not its header, nor the notes under it)."""
+    return [line.split(" | ") for line in table.splitlines()[2:] if line.startswith("| ")]
+
+
+def fake_run(folder, attribs, n_docs=None, **fields):
+    """A run folder as mech.py writes it, its Key-corrupted rows' Attribs given by attribs,
+    {(site, layer, position): attrib} (0 elsewhere); with n_docs, the rows of a newer analysis: each
+    row's n, fewer documents at Value+1 / Value+2 (where they are distinct). Its stored "main" is
+    deliberately wrong (@Key 1): collect must read the rows themselves."""
+    cfg = mech.Config(**fields)
+    rows = [dict(corrupted="key", site=site, layer=layer, position=p, p_clean=0.9, p_corr=0.1,
+                 attrib=attribs.get((site, layer, p), 0.0),
+                 **({"n": n_docs - 40 * ("+" in p)} if n_docs else {}))
+            for site in ("block_input", "mixer_output", "conv_output") for layer in range(cfg.n_layer)
+            for p in mech.POSITIONS]
+    interventions = dict(rows=rows, main=dict.fromkeys(mech.POSITIONS, 0.0) | {"key": 1.0},
+                         **({"n_docs": n_docs} if n_docs else {}))
+    os.makedirs(folder)
+    mech.write_json(os.path.join(folder, "config.json"), dataclasses.asdict(cfg))
+    mech.write_json(os.path.join(folder, "metrics.json"),
+                    dict(accuracy=0.8, wall_time_s=1.0, interventions=interventions))
+
+
 # ── enumeration ──────────────────────────────────────────────────────────────────────────────
 
 def test_paper_grids():
@@ -97,7 +121,7 @@ def test_variants_name_the_departures_from_the_papers_main_runs():
             dict(base, arch="based", d_conv=3, pos_emb=True, long_conv=True)]
     names = ["attention", "attention NoPE", "mamba", "mamba d_conv 0", "based long conv PE"]
     assert [r["arch"] + experiments.conv_variant(r) + experiments.pe_variant(r) for r in recs] == names
-    assert sorted(line.split(" | ")[1] for line in experiments.summary_table(recs).splitlines()[2:]) == sorted(names)
+    assert sorted(row[1] for row in table_rows(experiments.summary_table(recs))) == sorted(names)
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -199,7 +223,7 @@ def test_collect_and_figures(tiny_sweep, capsys):
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert "10 runs collected" in capsys.readouterr().out
     # the summary: one row per d_conv, its two seeds as mean ± std (min-max) of the recorded accuracies
-    rows = [line.split(" | ") for line in (root / "summary.md").read_text().splitlines()[2:]]
+    rows = table_rows((root / "summary.md").read_text())
     assert len(rows) == 5 and all(row[5] == "2" for row in rows)
     for row in rows:
         accs = sorted(r["accuracy"] for r in records if row[1] == ("mamba" if r["d_conv"] == 4 else f"mamba d_conv {r['d_conv']}"))
@@ -337,12 +361,12 @@ def test_runs_that_differ_in_more_than_their_seed_are_never_averaged():
     full.append(dict(old, seed=44, folder="old44", accuracy=0.7))  # an older mech.py's: the same run
     quick = [record(f"quick{s}", acc, **mamba, steps=1500, seed=s) for s, acc in ((42, 0.1), (43, 0.2))]
     small = [record("small42", 0.5, **mamba, n_train=64, seed=42)]
-    rows = [line.split(" | ") for line in experiments.summary_table(full + quick + small).splitlines()[2:]]
+    rows = table_rows(experiments.summary_table(full + quick + small))
     # the rows the columns cannot tell apart name their other differences
     assert [(row[1], row[5], row[6].split()[0]) for row in rows] == [
         ("mamba (n_train 100032, steps 1500)", "2", "0.150"), ("mamba (n_train 100032, steps 20000)", "3", "0.800"),
         ("mamba (n_train 64, steps 20000)", "1", "0.500")]
-    assert [row[1] for row in (line.split(" | ") for line in experiments.summary_table(full).splitlines()[2:])] == ["mamba"]
+    assert [row[1] for row in table_rows(experiments.summary_table(full))] == ["mamba"]
     # the best learning rate is chosen within a configuration: the quick look's does not stand in for the full run's
     lrs = [dict(r, lr=1e-2, accuracy=r["accuracy"] - 0.05, folder=r["folder"] + "lr") for r in full]
     best = experiments.best_over_lr(full + lrs + [dict(quick[0], accuracy=0.95)], "arch")
@@ -352,3 +376,86 @@ def test_runs_that_differ_in_more_than_their_seed_are_never_averaged():
     drawn = experiments.one_protocol(full + quick + small, log=notes.append)
     assert [r["folder"] for r in drawn] == ["full42", "full43", "old44"]
     assert len(notes) == 1 and all(name in notes[0] for name in ("quick42", "quick43", "small42"))
+
+
+# ── figures that stand alone: the paper's numbers, every run visible, summaries that are runs ─
+
+def sweep_records(*sweeps):
+    """Records (accuracy 0.5) of the CPU-scale runs of the sweeps, one seed."""
+    return [record(name, 0.5, **dataclasses.asdict(parse(run))) for sweep in sweeps
+            for name, run in experiments.sweep_runs(sweep, "cpu", 1)]
+
+
+def test_the_papers_numbers_cover_every_model_the_accuracy_figures_draw():
+    paper = experiments.PAPER
+    widths = len(experiments.WIDTHS)
+    ar = experiments.main_ar(sweep_records("ar-main"))
+    assert {r["arch"] for r in ar} == set(experiments.ARCHS) == set(paper["ar_accuracy"])
+    _, settings, models = experiments.main_atr(sweep_records("atr-main", "atr-attention-nope"))
+    assert "attention NoPE" in models  # every (setting, model) drawn: a number, or None (none)
+    assert {(s, m) for s in settings for m in models} <= set(paper["atr_accuracy"])
+    assert set(paper["atr_copy_next_token"]) == set(mech.ATR_SETTINGS) == set(settings)
+    for table in ("ar_accuracy", "ar_layers", "ar_mamba_dconv", "based_conv", "atr_accuracy"):
+        for values in paper[table].values():
+            assert values is None or (len(values) == widths and all(0 <= v <= 1 for v in values))
+    # the number beside ours is the paper's at our width, none at a width it did not train
+    assert experiments.paper_accuracy(paper["ar_accuracy"]["mamba"], ar) == (0.806,)
+    assert experiments.paper_accuracy(paper["ar_accuracy"]["mamba"], [dict(d_model=8)]) == (None,)
+    assert experiments.paper_accuracy(None, ar) == (None,)  # DeltaNet: v3 gives no number
+
+
+@pytest.mark.parametrize("ys, mark", [
+    ([0.706, 0.803, 0.706], 0.706), ([0.025, 0.984, 0.959], None),  # split: max - min > 0.5
+    ([0.5], None), ([0.1, 0.2], None),  # fewer than 3 runs: no middle one
+    ([0.1, 0.4, 0.2, 0.3], 0.2)])  # an even number: the lower middle run
+def test_the_summary_mark_is_the_median_run_or_none(ys, mark):
+    assert experiments.summary_mark(ys) == mark
+    assert mark is None or mark in ys  # a bar always lies on a run
+
+
+def test_runs_with_the_same_value_are_drawn_apart_and_beside_the_papers_mark():
+    runs = [record(f"r{s}", 0.706, arch="mamba", seed=s) for s in (44, 42, 43)]
+    fig, ax = experiments.plt.subplots()
+    experiments.strip_panel(ax, [experiments.Column("mamba", runs, (0.806,))],
+                            [experiments.ACCURACY])
+    seeds, paper = (c.get_offsets() for c in ax.collections
+                    if type(c).__name__ == "PathCollection")  # the markers, not the median bar
+    experiments.plt.close(fig)
+    xs = list(seeds[:, 0])
+    assert len(set(xs)) == 3 and xs == sorted(xs) and set(seeds[:, 1]) == {0.706}
+    assert paper[0, 0] > max(xs) and paper[0, 1] == 0.806
+    assert len(set(experiments.spread_x(0.0, 5, 0.3))) == 5
+
+
+def test_collect_tells_old_value_plus_one_cells_from_new(tmp_path):
+    mamba = dict(task="atr", arch="mamba")
+    conv = {("conv_output", 0, "value+1"): 0.9, ("block_input", 1, "key"): 0.6}
+    fake_run(tmp_path / "old", conv, **mamba, seed=42)  # an older analysis: no "n"
+    fake_run(tmp_path / "new", conv, n_docs=320, **mamba, seed=43)
+    new, old = experiments.collect(str(tmp_path))  # in the order of their folders' names
+    assert old["conv"]["value+1"] == new["conv"]["value+1"] == 0.9
+    assert old["conv_docs"]["value+1"] is None and new["conv_docs"]["value+1"] == 280
+    assert experiments.all_documents(old, "value+1") and not experiments.all_documents(new, "value+1")
+    assert new["n_docs"] == 320 and old["n_docs"] is None
+    assert old["attrib"]["key"] == 0.6  # the rows' main setting, not the stored "main"
+    notes = experiments.summary_table([old, new]).split("\n\n")[1]
+    assert "1 of 2 runs were analysed over all documents" in notes
+    assert experiments.mamba_conv_restored([old, new], str(tmp_path)) == [
+        str(tmp_path / "mamba_conv_restored.png")]
+
+
+# a 1-layer model's only block input is the embedding, where patching the Key undoes the corruption
+# itself: mech.main_setting reads its mixer output instead
+def test_a_one_layer_model_is_read_at_its_mixer_output_not_the_embedding(tmp_path):
+    fake_run(tmp_path / "one", {("block_input", 0, "key"): 1.0, ("mixer_output", 0, "query"): 1.0},
+             arch="mamba", n_layer=1)
+    rec, = experiments.collect(str(tmp_path))
+    assert (rec["attrib"]["key"], rec["attrib"]["query"]) == (0.0, 1.0)
+    assert table_rows(experiments.summary_table([rec]))[0][7] == "0.00 / 0.00 / 1.00 (1) |"
+
+
+def test_the_figures_draw_one_width():
+    recs = [record(f"d{d}s{s}", 0.5, d_model=d, seed=s) for d in (32, 64) for s in (42, 43)]
+    notes = []
+    assert {r["d_model"] for r in experiments.one_width(recs, notes.append)} == {64}
+    assert len(notes) == 1 and "d = 32" in notes[0]

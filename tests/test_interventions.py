@@ -206,10 +206,13 @@ def test_interchange_identities(setup):
     model.eval()
     assert len(rows) == len(mech.sites_of(model)) * len(mech.POSITIONS)
     # p_clean and p_corr are the plain runs, with the documented seeded corruption
+    # (over the documents where the patched position is distinct: see the test of coinciding positions)
     bad = bad_ids_of(task, data)
     for r in rows:
-        assert r["p_clean"] == pytest.approx(mech.p_answer(model, data).mean().item(), abs=1e-7)
-        assert r["p_corr"] == pytest.approx(mech.p_answer(model, data, bad).mean().item(), abs=1e-7)
+        m = mech.distinct(data, r["position"])
+        assert r["n"] == m.sum()
+        assert r["p_clean"] == pytest.approx(mech.p_answer(model, data)[m].mean().item(), abs=1e-7)
+        assert r["p_corr"] == pytest.approx(mech.p_answer(model, data, bad)[m].mean().item(), abs=1e-7)
         assert r["attrib"] == pytest.approx((r["p_patch"] - r["p_corr"]) / (r["p_clean"] - r["p_corr"]), rel=1e-9)
     effect = rows[0]["p_clean"] - rows[0]["p_corr"]
     assert abs(effect) > 1e-5, effect
@@ -291,7 +294,8 @@ def test_interchange_corruption_is_seeded_and_shared_by_all_cells():
     c = mech.interchange(model, task, data, "key", seed=6)
     assert a == b
     assert a[0]["p_corr"] != c[0]["p_corr"]
-    assert len({r["p_corr"] for r in a}) == 1 and len({r["p_clean"] for r in a}) == 1
+    every_doc = [r for r in a if r["n"] == len(data)]
+    assert len({r["p_corr"] for r in every_doc}) == 1 and len({r["p_clean"] for r in every_doc}) == 1
     v = mech.interchange(model, task, data, "value")
     assert all(r["corrupted"] == "value" for r in v)
     bad = mech.corrupt(task, data, "value", mech.rng_for(0, "corrupt-value"))
@@ -467,10 +471,11 @@ def test_interventions_find_induction_in_the_hand_built_model(induction):
         for l in range(2):
             for p in mech.POSITIONS:
                 assert A(site, l, p) == 0.0, (site, l, p)
-    # value+2 is the Query for the documents whose queried pair is the last one, and only for those
-    share = (data.pos["value"] + 2 == data.pos["query"]).float().mean().item()
-    assert 0 < share < 1
-    assert A("block_output", 1, "value+2") == pytest.approx(share, abs=0.02)
+    # value+2 is the Query for the documents whose queried pair is the last one: those are left out
+    # of its cell, which would otherwise restore their share of the answer
+    coincide = int((data.pos["value"] + 2 == data.pos["query"]).sum())
+    assert 0 < coincide < len(data) and row(rows, "block_output", 1, "value+2")["n"] == len(data) - coincide
+    assert abs(A("block_output", 1, "value+2")) < 0.02
     assert abs(A("block_output", 1, "value+1")) < 0.02  # the divider or the next key: nothing there
 
 
@@ -505,14 +510,14 @@ def synthetic(attrib, p_clean=0.9, p_corr=0.1, n_layer=2, corrupted="key", layer
     (position -> value); the block inputs before it hold the association at the Key, as an embedding
     does; every other cell gets a distractor (1.0 at the Value), so that a verdict read off the wrong
     cell fails."""
-    layer = n_layer - 1 if layer is None else layer
+    main = mech.main_site(n_layer) if layer is None else ("block_input", layer)
     rows = []
     for site in ("block_input", "block_output", "mixer_output"):
         for l in range(n_layer):
             for p in mech.POSITIONS:
-                if (site, l) == ("block_input", layer):
+                if (site, l) == main:
                     a = attrib.get(p, 0.0)
-                elif site == "block_input" and l < layer:
+                elif site == "block_input" and (l < main[1] or l == 0):  # the embedding, too
                     a = 1.0 if p == "key" else 0.0
                 else:
                     a = 1.0 if p == "value" else 0.0
@@ -584,7 +589,7 @@ def test_mechanism_report_marks_the_main_row_and_ends_with_the_verdict():
     assert main.startswith("block_input[1]")
     assert lines[-1] == "verdict: " + mech.verdict(rows, 2)
     assert "p(answer): clean 0.900, Key corrupted 0.100" in text
-    assert "Mamba conv" not in text
+    assert "short conv" not in text
 
 
 def test_mechanism_report_reads_p_from_the_key_corrupted_rows():
@@ -594,6 +599,66 @@ def test_mechanism_report_reads_p_from_the_key_corrupted_rows():
         dict(value=1.0), p_clean=0.9, p_corr=0.1)
     text = mech.mechanism_report(rows, 2)
     assert "p(answer): clean 0.900, Key corrupted 0.100" in text, text.splitlines()[-2]
+
+
+def test_one_layer_verdict_reads_its_mixer_output():
+    """A 1-layer model's only block input is the embedding, where patching the Key undoes the
+    corruption itself (@Key = 1 by construction): the verdict reads the layer's mixer output."""
+    rows = synthetic(dict(query=1.0), n_layer=1)
+    assert row(rows, "block_input", 0, "key")["attrib"] == 1.0
+    assert mech.main_setting(rows, 1) == {p: float(p == "query") for p in mech.POSITIONS}
+    assert mech.verdict(rows, 1) == ("direct retrieval at the last position: the answer is computed at "
+                                     "the Query by the one layer's mixer")
+    (main,) = [line for line in mech.mechanism_report(rows, 1).splitlines() if "<- main" in line]
+    assert main.startswith("mixer_output[0]")
+    assert mech.verdict(synthetic({}, n_layer=1), 1).startswith("mixed")  # the embedding's @Key 1: no verdict
+    model, cfg, task, data = small("mamba", n_layer=1)  # and on a real model's rows
+    real = mech.interchange(model, task, data, "key")
+    assert mech.main_setting(real, 1) == {p: row(real, "mixer_output", 0, p)["attrib"] for p in mech.POSITIONS}
+
+
+def test_value_plus_k_is_averaged_only_where_it_is_not_the_divider_or_the_query():
+    model, cfg, task, data = small("attention")
+    data = task.sample(40, mech.rng_for(0, "coincide"))
+    last = data.pos["value"] + 1 == data.pos["divider"]  # the queried pair is the last one
+    assert 0 < last.sum() < len(data)
+    rows = mech.interchange(model, task, data, "key")
+    bad, keep = bad_ids_of(task, data), ~last
+    clean, corr = mech.p_answer(model, data).double(), mech.p_answer(model, data, bad).double()
+    cache = clean_cache(model, data, [("block_input", 1)])["block_input", 1]
+    for p, shift in (("value+1", 1), ("value+2", 2)):
+        r = row(rows, "block_input", 1, p)
+        pos = data.pos["value"] + shift
+        with torch.no_grad(), mech.intervene(model, "block_input", 1,
+                                             mech.patched(pos, cache[torch.arange(len(data)), pos])):
+            patch = mech.p_answer(model, data, bad).double()
+        want = (patch[keep].mean() - corr[keep].mean()) / (clean[keep].mean() - corr[keep].mean())
+        assert r["n"] == keep.sum() and r["attrib"] == pytest.approx(want.item(), rel=1e-6)
+        assert r["p_clean"] == pytest.approx(clean[keep].mean().item(), rel=1e-6)
+    assert row(rows, "block_input", 1, "divider")["n"] == row(rows, "block_input", 1, "query")["n"] == 40
+    n = int(keep.sum())
+    assert f"documents averaged: @value+1 {n}, @value+2 {n} of 40" in mech.mechanism_report(rows, 2)
+    # ATR: Value+1 is the divider (and Value+2 the Query) in a large share of documents
+    atr = mech.make_task(mech.Config(task="atr"))
+    docs = atr.sample(400, mech.rng_for(7, "test"), split="test")
+    at_divider = docs.pos["value"] + 1 == docs.pos["divider"]
+    assert 0.3 < at_divider.float().mean() < 0.6
+    assert torch.equal(mech.distinct(docs, "value+1"), ~at_divider)
+    assert (docs.pos["value"][at_divider] + 2 == docs.pos["query"][at_divider]).all()
+
+
+def test_the_conv_gloss_says_what_this_run_shows_and_only_when_it_reacts():
+    def with_conv(rows, k=0.0, v=0.0, v1=1.0):
+        at = dict(key=k, value=v, **{"value+1": v1})
+        return rows + [dict(r, site="conv_output", layer=0, attrib=at.get(r["position"], 0.0))
+                       for r in rows if (r["site"], r["layer"]) == ("block_input", 0)]
+    text = mech.mechanism_report(with_conv(synthetic(dict(query=1.0))), 2)
+    assert ("layer 0's short conv output restores Attrib 0.00 at the Key, 0.00 at the Value, 1.00 at "
+            "Value+1; here the conv at the token after the Value") in text and "paper" not in text
+    partial = mech.mechanism_report(with_conv(synthetic(dict(query=1.0)), k=0.9, v1=0.2), 2)
+    assert "0.90 at the Key" in partial and "here the conv" not in partial
+    weak = synthetic(dict(query=1.0), p_clean=0.2 + 0.5 * mech.VERDICT_MIN_EFFECT, p_corr=0.2)
+    assert "short conv" not in mech.mechanism_report(with_conv(weak), 2)  # an untrained model: no gloss
 
 
 # ── 4. the report and the run folder ──────────────────────────────────────────────────────────
@@ -631,7 +696,9 @@ def test_a_run_records_its_interventions(run_dir):
     n_cells = 2 * 6 * len(mech.POSITIONS)  # 2 layers x 6 sites x positions, for each corruption
     assert len(rows) == 2 * n_cells
     assert {r["corrupted"] for r in rows} == {"key", "value"}
-    assert set(rows[0]) == {"corrupted", "site", "layer", "position", "p_clean", "p_corr", "p_patch", "attrib"}
+    assert set(rows[0]) == {"corrupted", "site", "layer", "position", "n", "p_clean", "p_corr", "p_patch",
+                            "attrib"}
+    assert iv["n_docs"] == 32 and {r["n"] for r in rows if "+" not in r["position"]} == {32}
     assert iv["main"] == mech.main_setting(rows, 2)
     assert set(iv["main"]) == set(mech.POSITIONS)
     assert iv["verdict"] == mech.verdict(rows, 2)

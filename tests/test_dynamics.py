@@ -1,0 +1,101 @@
+"""The mechanism watched while a model trains: a light interchange analysis at every evaluation."""
+import json
+import os
+
+import pytest
+import torch
+
+import mech
+
+TINY = dict(d_model=16, num_kv=64, n_train=256, steps=30, eval_every=10, n_eval=32)
+
+
+def quiet(msg):
+    pass
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The same tiny attention run twice, with and without the per-evaluation analysis."""
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("dynamics")
+    cfg = mech.Config(arch="attention", **TINY)
+    with_out, without = str(root / "with"), str(root / "without")
+    lines = []
+    model, metrics = mech.train(cfg, with_out, device="cpu", log=lines.append)
+    model_off, metrics_off = mech.train(cfg, without, device="cpu", log=quiet, dynamics=False)
+    return cfg, (model, metrics, with_out, lines), (model_off, metrics_off)
+
+
+def test_every_evaluation_stores_the_watched_attribs(runs):
+    cfg, (model, metrics, _, lines), _ = runs
+    assert [p["step"] for p in metrics["curve"]] == [10, 20, 30]
+    for point in metrics["curve"]:
+        att = point["attrib"]
+        assert set(att["main"]) == {"key", "value", "query"}
+        assert set(att["cells"]) == {"mixer_output[0]@query", "mixer_output[1]@query"}
+        assert isinstance(att["effect"], float)
+    progress = [line for line in lines if line.startswith("step")]
+    assert len(progress) == 3 and all("Attrib K/V/Q" in line for line in progress), progress
+
+
+def test_the_watched_attribs_equal_the_full_analysis_on_the_same_documents(runs):
+    cfg, (model, metrics, out, _), _ = runs
+    task = mech.make_task(cfg)
+    test = task.sample(cfg.n_eval, mech.rng_for(cfg.seed, "test"), split="test")
+    docs = test[:mech.DYNAMICS_DOCS]
+    full = mech.interchange(model, task, docs, "key", cfg.seed, cfg.value_corruption)
+    cell = {(r["site"], r["layer"], r["position"]): r["attrib"] for r in full}
+    last = metrics["curve"][-1]["attrib"]  # the final evaluation saw the final weights
+    site, layer = mech.main_site(cfg.n_layer)
+    assert last["main"] == {p: cell[site, layer, p] for p in ("key", "value", "query")}
+    for l in range(cfg.n_layer):
+        assert last["cells"][f"mixer_output[{l}]@query"] == cell["mixer_output", l, "query"]
+    assert last["effect"] == mech.key_effect(full)
+    saved, _ = mech.load_run(out)  # and the saved model gives them too
+    assert mech.watch_mechanism(saved, task, test, cfg) == last
+
+
+def test_turning_it_off_changes_nothing_else(runs):
+    _, (model, metrics, _, _), (model_off, metrics_off) = runs
+    a, b = model.state_dict(), model_off.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    strip = lambda curve: [{k: v for k, v in p.items() if k not in ("attrib", "time_s")} for p in curve]
+    assert strip(metrics["curve"]) == strip(metrics_off["curve"])
+    assert all("attrib" not in p for p in metrics_off["curve"])
+
+
+def test_mamba_watches_its_conv_at_the_value_and_after_it():
+    cfg = mech.Config(arch="mamba", scan="ref", d_model=16, n_layer=1, num_kv=64)
+    task = mech.make_task(cfg)
+    model = mech.build_model(cfg, task.vocab_size)
+    assert mech.watched_cells(model, 1) == [
+        ("mixer_output", 0, "key"), ("mixer_output", 0, "value"), ("mixer_output", 0, "query"),
+        ("mixer_output", 0, "query"), ("conv_output", 0, "value"), ("conv_output", 0, "value+1")]
+    att = mech.watch_mechanism(model, task, task.sample(8, mech.rng_for(0, "x")), cfg)
+    assert set(att["cells"]) == {"mixer_output[0]@query", "conv_output[0]@value",
+                                 "conv_output[0]@value+1"}
+
+
+def test_the_run_folder_gets_a_dynamics_figure(tmp_path):
+    out = str(tmp_path / "run")
+    args = ["--arch", "attention", "--d-model", "16", "--num-kv", "64", "--n-train", "256", "--steps",
+            "20", "--eval-every", "10", "--n-eval", "32", "--threads", "1", "--quiet", "--out", out]
+    mech.main(args)
+    with open(os.path.join(out, "dynamics.png"), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    mech.main(args[:-2] + ["--no-dynamics", "--out", str(tmp_path / "off")])
+    assert not os.path.exists(tmp_path / "off" / "dynamics.png")
+    with open(tmp_path / "off" / "metrics.json") as f:
+        assert all("attrib" not in p for p in json.load(f)["curve"])
+
+
+def test_marks_the_moments_the_mechanism_forms_and_the_accuracy_rises():
+    curve = [dict(step=s, accuracy=a, test_loss=1.0,
+                  attrib=dict(effect=e, main=dict(key=0.0, value=v, query=0.0), cells={}))
+             for s, a, e, v in ((100, 0.0, 0.001, 0.9),   # no effect yet: the 0.9 is noise
+                                (200, 0.1, 0.3, 0.2), (300, 0.3, 0.5, 0.7), (400, 0.6, 0.8, 1.0),
+                                (500, 0.9, 0.9, 1.0))]
+    assert mech.moments(curve, "value", 0.1) == dict(mechanism=300, accuracy=400)
+    assert mech.moments(curve, "value", 0.001) == dict(mechanism=100, accuracy=400)
+    assert mech.moments(curve, None, 0.1) == dict(mechanism=None, accuracy=400)
