@@ -459,3 +459,35 @@ def test_the_figures_draw_one_width():
     notes = []
     assert {r["d_model"] for r in experiments.one_width(recs, notes.append)} == {64}
     assert len(notes) == 1 and "d = 32" in notes[0]
+
+
+# ── the mechanism while it forms ──────────────────────────────────────────────────────────────
+
+def watched_run(folder, seed, value_by_step, accuracy_by_step, effect=0.5, arch="attention"):
+    """A run folder whose curve was watched while training (mech.watch_mechanism's points)."""
+    fake_run(folder, {("block_input", 1, "value"): 1.0}, arch=arch, seed=seed)
+    path = os.path.join(folder, "metrics.json")
+    with open(path) as f:
+        m = json.load(f)
+    m["curve"] = [dict(step=s, accuracy=accuracy_by_step[s], test_loss=1.0,
+                       attrib=dict(effect=effect if s > 100 else 0.0,
+                                   main=dict(key=0.0, value=v, query=0.0),
+                                   cells={"mixer_output[1]@query": v}))
+                  for s, v in value_by_step.items()]
+    mech.write_json(path, m)
+
+
+def test_the_dynamics_table_says_what_comes_first(tmp_path):
+    acc = {100: 0.0, 200: 0.1, 300: 0.6, 400: 1.0}
+    watched_run(tmp_path / "a", 42, {100: 0.9, 200: 0.7, 300: 1.0, 400: 1.0}, acc)  # mechanism first
+    watched_run(tmp_path / "b", 43, {100: 0.0, 200: 0.1, 300: 0.3, 400: 1.0}, acc)  # accuracy first
+    records = experiments.collect(str(tmp_path))
+    assert all(r["dynamics"]["step"] == [100, 200, 300, 400] for r in records)
+    rows = [line.split(" | ") for line in experiments.dynamics_table(records).splitlines()[2:]]
+    # the 0.9 at step 100 does not count: the Key did not matter yet (effect below the filter)
+    assert [(r[1], r[2], r[3], r[4], r[5]) for r in rows] == [
+        ("42", "value", "200", "300", "mechanism, by 100 steps |"),
+        ("43", "value", "400", "300", "accuracy, by 100 steps |")]
+    os.makedirs(tmp_path / "figs")
+    assert experiments.mechanism_dynamics(records, str(tmp_path / "figs")) == [
+        str(tmp_path / "figs" / "mechanism_dynamics.png")]
