@@ -596,6 +596,7 @@ class Config:
     num_kv: int = opt(8192, "AR: number of key + value tokens (half keys, half values)")  # -- data
     n_pairs: int = opt(16, "AR: key-value pairs per document")
     atr: str = opt("easy", "ATR setting: easy (Lmax 5, |Σ| 20), medium (Lmax 10) or 8192 (|Σ|)")
+    atr_query: str = opt("parent", "ATR: ask the word's parent, or (sibling) its rightmost sibling")
     held_out: float = opt(0.0, "ATR: fraction of label pairs asked only by test documents")
     grammar_seed: int = opt(42, "ATR: seed of the grammar (42: the official grammars)")
     n_train: int = opt(100_032, "training documents, generated once and replayed every epoch")
@@ -653,6 +654,7 @@ def check(cfg: Config):  # reject bad values in one line that names the value an
             raise ValueError(msg)
     c, d, P = cfg, cfg.d_model, cfg.n_pairs  # short names, so that most checks fit one line
     for name, allowed in (("task", TASKS), ("arch", MIXERS), ("atr", ATR_SETTINGS),
+                          ("atr_query", ("parent", "sibling")),
                           ("scan", SCAN_BACKENDS), ("value_corruption", ("value", "key")),
                           ("schedule", ("cosine", "linear", "wsd"))):
         value = getattr(c, name)
@@ -1071,9 +1073,9 @@ def main_setting(rows: list, n_layer: int, layer: int | None = None) -> dict:
 
 
 def key_effect(rows: list) -> float:
-    """mean p_clean - mean p_corrupted over all documents, Key corrupted."""
+    """mean p_clean - mean p_corrupted over all documents (the Query's cells), Key corrupted."""
     return next(r["p_clean"] - r["p_corr"] for r in rows if r["corrupted"] == "key"
-                and r["position"] == "key")
+                and r["position"] == "query")
 
 
 def verdict(rows: list, n_layer: int) -> str:
@@ -1115,11 +1117,12 @@ def mechanism_report(rows: list, n_layer: int) -> str:  # the printed table of A
         mark = " <- main" if (site, layer) == main_site(n_layer) else ""
         lines.append(f"{site + f'[{layer}]':16s}"
                      + "".join(f"{cells[p]:10.3f}" for p in POSITIONS) + mark)
-    lines.append("p(answer): clean {p_clean:.3f}, Key corrupted {p_corr:.3f}".format(**key_rows[0]))
+    lines.append("p(answer): clean {p_clean:.3f}, Key corrupted {p_corr:.3f}".format(
+        **next(r for r in key_rows if r["position"] == "query")))
     n = {r["position"]: r.get("n", 0) for r in key_rows}  # documents averaged (0: not counted)
-    if fewer := [f"@{p} {n[p]}" for p in POSITIONS if n[p] < n["key"]]:
-        lines.append(f"documents averaged: {', '.join(fewer)} of {n['key']} (in the others that "
-                     "position is the divider or the Query)")
+    if fewer := [f"@{p} {n[p]}" for p in POSITIONS if n[p] < n["query"]]:
+        lines.append(f"documents averaged: {', '.join(fewer)} of {n['query']} (in the others that "
+                     "position is another named one)")
     if (conv := table.get(("conv_output", 0))) and key_effect(rows) >= VERDICT_MIN_EFFECT:
         lines.append(f"layer 0's short conv output restores Attrib {conv['key']:.2f} at the Key, "
                      f"{conv['value']:.2f} at the Value, {conv['value+1']:.2f} at Value+1"
@@ -1202,11 +1205,13 @@ def dynamics_series(points: list, main: str, min_effect: float) -> dict:
 
 def moments(curve: list, name: str | None, min_effect: float) -> dict:
     """The steps where the mechanism forms (the first evaluation where the Key matters and the
-    watched Attrib `name`, the verdict's, passes 0.5) and where accuracy passes half its final."""
+    watched Attrib `name`, the verdict's, passes 0.5) and where accuracy rises (passes halfway from
+    its first evaluation to its last: on AR, half its final; ATR starts near a copy baseline)."""
     points = [p for p in curve if "attrib" in p]
     formed = (p["step"] for p in points if name and p["attrib"]["effect"] >= min_effect
               and watched(p, name) >= 0.5)
-    rises = (p["step"] for p in points if p["accuracy"] >= 0.5 * curve[-1]["accuracy"])
+    half = (points[0]["accuracy"] + points[-1]["accuracy"]) / 2
+    rises = (p["step"] for p in points if p["accuracy"] >= half)
     return dict(mechanism=next(formed, None), accuracy=next(rises, None))
 
 
@@ -1217,7 +1222,7 @@ class Tree:  # one sampled sentence: a dependency tree over its terminals, the q
     parent: list  # index of each terminal's parent (always to its right); -1 for the root's head
     depth: list   # depth of each terminal in the derivation (the root's head and children: 1)
     query: int    # index of the queried terminal (the Key is at position 1 + query)
-    target: int   # parent[query] (the Value is at position 1 + target)
+    target: int   # the answer's index: parent[query], or its sibling (the Value: 1 + target)
 
 
 class ATR:
@@ -1233,11 +1238,13 @@ class ATR:
     Official implementation: aryamanarora/tinylang, tinylang/language/pcfg.py (class PCFG).
     Differences: none in the grammars (the official easy (110 rules), medium (124), 8192 and split
     (90 of 400 pairs held out): the same legacy-numpy calls) or documents (a legacy stream gives the
-    official ones: tested). Parent queries only; at most L_MAX - 5 terminals (100k easy: ~420)."""
+    official ones: tested). At most L_MAX - 5 terminals (100k easy: ~420). query="sibling": the
+    rightmost sibling instead of the parent (App. D.4; multihop/multihop_no_parent.yaml)."""
     def __init__(self, n_terminals: int = 20, max_rhs_len: int = 5, n_nonterminals: int = 40,
                  max_rules: int = 5, max_depth: int = 10, terminal_occurrence_factor=None,
-                 split: float = 0.0, grammar_seed: int = 42, max_length: int = 1024):
-        self.n_terminals, self.max_rhs_len = n_terminals, max_rhs_len
+                 split: float = 0.0, grammar_seed: int = 42, max_length: int = 1024,
+                 query: str = "parent"):
+        self.n_terminals, self.max_rhs_len, self.query = n_terminals, max_rhs_len, query
         self.n_nonterminals, self.max_rules, self.max_depth = n_nonterminals, max_rules, max_depth
         self.terminal_occurrence_factor, self.split = terminal_occurrence_factor, split
         self.first_terminal, self.vocab_size, self.max_length = 3, n_terminals + 6, max_length
@@ -1302,13 +1309,19 @@ class ATR:
         parent = [head_at[c] if c >= 0 else -1 for c in owner]
         return Tree(labels, parent, depth, query=-1, target=-1)
     def eligible_pairs(self, tree: Tree, split: str = "train") -> list:
-        """(query, target) index pairs that may be asked, by target then query: target the query's
-        parent, query the rightmost of its label, their label pair allowed in this split."""
+        """(query, target) index pairs that may be asked, by target then query: the query the
+        rightmost of its label; the target its parent or (sibling) the rightmost terminal of the
+        same parent, itself if none lies to its right, also the rightmost of its label (the root's
+        head is its own sibling: 67.5 % of sibling documents ask the query itself, as officially);
+        their label pair allowed in this split."""
         if split not in ("train", "dev", "test"):
             raise ValueError(f"split must be 'train', 'dev' or 'test', not {split!r}")
         rightmost, test = {label: i for i, label in enumerate(tree.labels)}, split == "test"
-        pairs = sorted((t, q) for q, (label, t) in enumerate(zip(tree.labels, tree.parent))
+        last = {p: i for i, p in enumerate(tree.parent)}  # per parent: its rightmost child
+        target = tree.parent if self.query == "parent" else [last[p] for p in tree.parent]
+        pairs = sorted((t, q) for q, (label, t) in enumerate(zip(tree.labels, target))
                        if t >= 0 and rightmost[label] == q
+                       and (self.query == "parent" or rightmost[tree.labels[t]] == t)
                        and (self.held_out is None or self.held_out[tree.labels[t], label] == test))
         return [(q, t) for t, q in pairs]
     @staticmethod
@@ -1354,7 +1367,7 @@ ATR_SETTINGS = {  # §5.2's three (tinylang languages/); pcfg_train_test_split: 
     "medium": dict(n_terminals=20, max_rhs_len=10),  # Lmax=10, |Σ|=20: .../pcfg_10_20
     "8192": dict(n_terminals=8192, max_rhs_len=5,
                  terminal_occurrence_factor=20)}  # pcfg_vary_rhs_8192
-TASKS["atr"] = lambda cfg: ATR(**ATR_SETTINGS[cfg.atr], split=cfg.held_out,
+TASKS["atr"] = lambda cfg: ATR(**ATR_SETTINGS[cfg.atr], split=cfg.held_out, query=cfg.atr_query,
                                grammar_seed=cfg.grammar_seed, max_length=L_MAX - 5)
 
 
@@ -1391,6 +1404,7 @@ def build_parser() -> Parser:
 def default_out(cfg: Config) -> str:
     conv = f"_dconv{cfg.d_conv}" if cfg.arch in DEFAULT_DCONV else ""
     task = cfg.task + (f"-{cfg.atr}" + (f"-heldout{cfg.held_out:g}" if cfg.held_out else "")
+                       + (f"-{cfg.atr_query}" if cfg.atr_query != "parent" else "")
                        if cfg.task == "atr" else "")
     digest = sha1(json.dumps(identity(cfg), sort_keys=True).encode()).hexdigest()[:8]
     return os.path.join("runs", f"{task}_{cfg.arch}{conv}_d{cfg.d_model}_lr{cfg.lr:g}"
@@ -1404,6 +1418,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         raise ValueError(f"give --steps ({args.steps}) or --epochs ({args.epochs}), not both")
     cfg = Config(**given)
     applies = dict(num_kv=("task", "ar"), n_pairs=("task", "ar"), atr=("task", "atr"),
+                   atr_query=("task", "atr"),
                    held_out=("task", "atr"), grammar_seed=("task", "atr"), scan=("arch", "mamba"),
                    hyena_d_skip=("arch", "hyena"), decay_frac=("schedule", "wsd"))  # flag -> where
     for name, (where, value) in applies.items():

@@ -86,7 +86,26 @@ SWEEPS = {
     # atr-main already)
     "atr-attention-nope": [(dict(task="atr", atr=s, arch="attention", pos_emb=False), LR5)
                            for s in ("easy", "medium")],
+    # App. D.1, pos_embed: every architecture with the other position-embedding choice than its
+    # main results' (Attention NoPE, the others PE) on AR and ATR easy and medium; LR5
+    "pos-embed": [(dict(task=t, **where, arch=a, pos_emb=a != "attention"), LR5)
+                  for t, where in (("ar", {}), ("atr", dict(atr="easy")), ("atr", dict(atr="medium")))
+                  for a in ARCHS],
+    # App. D.2, atr_layers: every architecture with one layer on ATR easy (2 layers: atr-main's);
+    # no 1-layer Based, its one layer would be a BaseConv layer (the paper's equal series)
+    "atr-layers": [(dict(task="atr", atr="easy", arch=a, n_layer=1), LR5) for a in ARCHS
+                   if a != "based"],
+    # §5.3, atr_gen and atr_gen_box: 20 % of the (parent, query) label pairs held out of training;
+    # 1, 2 and 3 layers; each seed's learning rate chosen on dev accuracy (CPU_LRS at CPU scale)
+    "atr-gen": [(dict(task="atr", atr="easy", held_out=0.2, arch=a, n_layer=n), LR5)
+                for n in (1, 2, 3) for a in ARCHS if (a, n) != ("based", 1)],
+    # App. D.4, multihop: the query's rightmost sibling (itself in 67.5 % of documents); 1-3 layers
+    "atr-sibling": [(dict(task="atr", atr="easy", atr_query="sibling", arch=a, n_layer=n), LR5)
+                    for n in (1, 2, 3) for a in ARCHS if (a, n) != ("based", 1)],
 }
+# the learning rates a sweep tries at CPU scale (the others take the preset's one): where the paper
+# chooses the rate on dev accuracy, the CPU sweep needs a choice too
+CPU_LRS = {"atr-gen": (3e-4, 1e-3, 3e-3)}
 SCALES = ("cpu", "paper")
 # the paper's filters for its mechanism plots, on p_clean - p_corrupted: below them a run's answer
 # does not react enough to the corruption for its Attribs to mean anything
@@ -106,7 +125,8 @@ def sweep_runs(sweep: str, scale: str, seeds: int, overrides=None) -> list:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
     runs = []
     for flags, lrs in SWEEPS[sweep]:
-        grid = [dict(d_model=d, lr=lr) for d in WIDTHS for lr in lrs] if scale == "paper" else [{}]
+        grid = ([dict(d_model=d, lr=lr) for d in WIDTHS for lr in lrs] if scale == "paper"
+                else [dict(lr=lr) for lr in CPU_LRS.get(sweep, ())] or [{}])
         for point in grid:
             for seed in range(42, 42 + seeds):
                 run = dict(preset=scale, **flags, **point, seed=seed)
@@ -119,7 +139,7 @@ def run_name(run: dict, overrides=None) -> str:
     a hash of them too (ar_mamba_dconv0_s42_x3f9a1c2e), so that a sweep with --steps 1500 never
     takes the plain sweep's folders for its own, nor the plain sweep its."""
     short = dict(d_conv="dconv", n_layer="layers", d_model="d", long_conv="long", pos_emb="pe",
-                 seed="s")
+                 held_out="heldout", lr="lr", seed="s")
     parts = [(short[k] if v else "no" + short[k]) if isinstance(v, bool)
              else f"{short.get(k, '')}{v}" for k, v in run.items() if k != "preset"]
     if overrides:
@@ -303,7 +323,7 @@ def collect(root: str) -> list:
                    dev_accuracy=m.get("dev_accuracy"), wall_time_s=m["wall_time_s"])
         if "interventions" in m:
             rec.update(analysis(m["interventions"], cfg["n_layer"]))
-        if points := [p for p in m["curve"] if "attrib" in p]:  # watched while it trained
+        if points := [p for p in m.get("curve", []) if "attrib" in p]:  # watched while it trained
             rec["dynamics"] = dict(
                 step=[p["step"] for p in points], accuracy=[p["accuracy"] for p in points],
                 effect=[p["attrib"]["effect"] for p in points],
@@ -324,9 +344,8 @@ def analysis(interventions: dict, n_layer: int) -> dict:
     rows = interventions["rows"]
     key = {(r["site"], r["layer"], r["position"]): r for r in rows if r["corrupted"] == "key"}
     conv = {p: r for (site, layer, p), r in key.items() if (site, layer) == ("conv_output", 0)}
-    every = next(r for r in rows if r["corrupted"] == "key" and r["position"] == "key")
     return dict(attrib=mech.main_setting(rows, n_layer),
-                effect=every["p_clean"] - every["p_corr"],  # over all documents
+                effect=mech.key_effect(rows),  # over all documents
                 conv={p: r["attrib"] for p, r in conv.items()},
                 # how many documents each conv cell averages; None: an older analysis, over all
                 # of them, Value+1 included where it is the divider (42-48 % of ATR documents)
@@ -1225,8 +1244,8 @@ def moments_of(r: dict, name: str) -> dict:
 
 def dynamics_table(records: list) -> str:
     """Markdown: per watched run and Attrib, the step it passes 0.5 and the step accuracy passes
-    half its final value, and which comes first."""
-    lines = ["| model | seed | Attrib | passes 0.5 at | accuracy passes half its final at | "
+    halfway from its first evaluation to its final value (mech.moments), and which comes first."""
+    lines = ["| model | seed | Attrib | passes 0.5 at | accuracy passes halfway at | "
              "first |", "|---|---:|---|---:|---:|---|"]
     for title, rs in watched_runs(records):
         for r in rs:
@@ -1263,7 +1282,7 @@ def mechanism_dynamics(records: list, out_dir: str) -> list:
                     ax.plot(m["mechanism"], 0.5, marker="^", color=color, ms=7, mfc="none")
             m = moments_of(r, followed(r)[0]) if followed(r) else None
             if m and m["accuracy"] is not None:
-                half = 0.5 * d["accuracy"][-1]
+                half = (d["accuracy"][0] + d["accuracy"][-1]) / 2
                 ax.plot(m["accuracy"], half, marker="o", color="k", ms=6, mfc="none")
         ax.set(title=title, ylabel="accuracy / Attrib", ylim=(-0.3, 1.6))
         ax.axhline(0.5, color="grey", lw=0.5, ls=":")
@@ -1276,7 +1295,7 @@ def mechanism_dynamics(records: list, out_dir: str) -> list:
              Line2D([], [], ls="none", marker="^", color="k", mfc="none",
                     label="an Attrib passes 0.5: the mechanism has formed"),
              Line2D([], [], ls="none", marker="o", color="k", mfc="none",
-                    label="accuracy passes half its final value")]
+                    label="accuracy passes halfway from its first to its final value")]
     axes[0, 0].legend(handles=kinds + seeds, loc="upper left", bbox_to_anchor=(1.01, 1),
                       fontsize=8, frameon=False)
     fig.suptitle("The mechanism while it forms: accuracy and Attrib (Key corrupted) at every "

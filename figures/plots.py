@@ -40,7 +40,7 @@ def dynamics(points: list, series: dict, when: dict, name: str | None, min_effec
              title: str, save) -> None:
     """Above, test accuracy and loss; below, on the same steps, the watched Attribs (series: label
     -> values, NaN where the Key does not matter). Dotted lines: when the mechanism forms (red,
-    the verdict's Attrib `name` passes 0.5) and when accuracy passes half its final (black)."""
+    the verdict's Attrib `name` passes 0.5) and when accuracy rises (black; mech.moments)."""
     steps = [p["step"] for p in points]
     fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(8, 6))
     top.plot(steps, [p["accuracy"] for p in points], "k-")
@@ -60,7 +60,7 @@ def dynamics(points: list, series: dict, when: dict, name: str | None, min_effec
     bottom.legend(fontsize=7, ncol=2, loc="center right")
     formed = (f"@{name.capitalize()} passes 0.5 at step {when['mechanism']} (red dotted)"
               if when["mechanism"] else "no mechanism formed (the verdict names no position)")
-    fig.suptitle(f"{title}: the mechanism while it trains\n{formed}; accuracy passes half its "
-                 f"final at step {when['accuracy']} (black dotted)\nAttribs drawn where the Key "
+    fig.suptitle(f"{title}: the mechanism while it trains\n{formed}; accuracy passes halfway to "
+                 f"its final at step {when['accuracy']} (black dotted)\nAttribs drawn where the Key "
                  f"matters (p_clean - p_corrupted >= {min_effect})", fontsize=8)
     finish(fig, save)

@@ -365,3 +365,39 @@ def test_length_buckets():
     assert np.mean([length[i].max() for i in b]) < 0.6 * np.mean([length[i].max() for i in plain])
     assert (b == mech.batch_documents(length, 64, 32, 16, np.random.default_rng(0))).all()
     assert not (b == mech.batch_documents(length, 64, 32, 16, np.random.default_rng(1))).all()
+
+
+# ── the sibling task (App. D.4, multihop.pdf; tinylang's multihop/multihop_no_parent.yaml) ───────
+
+def test_sibling_queries_follow_the_definition():
+    """On a seed no other test uses: the target is the rightmost terminal with the query's parent
+    (the query itself when no sibling lies to its right), and both are the rightmost of their
+    labels; the same grammar as the parent task; ~67.5 % of documents ask the query itself."""
+    task, parent = task_for("easy", query="sibling"), task_for("easy")
+    assert task.rules == parent.rules and task.vocab_size == parent.vocab_size
+    trees = task.trees(4000, mech.rng_for(20261201, "sibling"))
+    for tree in trees:
+        siblings = [i for i, p in enumerate(tree.parent) if p == tree.parent[tree.query]]
+        assert tree.target == max(siblings) >= tree.query
+        for i in (tree.query, tree.target):
+            assert tree.labels[i] not in tree.labels[i + 1:]  # the rightmost of its label
+        assert all(tree.target == max(i for i, p in enumerate(tree.parent) if p == tree.parent[q])
+                   for q, t in task.eligible_pairs(tree) if t == tree.target)
+    selfs = np.mean([tree.query == tree.target for tree in trees])
+    assert abs(selfs - 0.675) < 0.03, selfs
+    ex = task.examples(trees[:50])
+    rows = torch.arange(50)
+    assert (ex.answer == ex.ids[rows, ex.pos["value"]]).all()  # the answer is the target's word
+    assert (ex.ids[rows, ex.pos["query"]] == ex.ids[rows, ex.pos["key"]]).all()
+
+
+def test_sibling_task_from_the_command_line(capsys):
+    cfg = mech.config_from_args(mech.build_parser().parse_args(
+        ["--task", "atr", "--atr-query", "sibling"]))
+    assert mech.make_task(cfg).query == "sibling" and "-sibling_" in mech.default_out(cfg)
+    assert mech.identity(mech.Config(task="atr")) == mech.identity(
+        mech.Config(task="atr", atr_query="parent"))
+    with pytest.raises(ValueError, match="atr_query 'cousin'"):
+        mech.Config(task="atr", atr_query="cousin")
+    with pytest.raises(ValueError, match="--atr-query applies to --task atr only"):
+        mech.config_from_args(mech.build_parser().parse_args(["--atr-query", "sibling"]))

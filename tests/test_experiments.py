@@ -53,7 +53,8 @@ def record(folder, accuracy, **fields):
 
 def table_rows(table):
     """The cells of a summary table's rows (not its header, nor the notes under it)."""
-    return [line.split(" | ") for line in table.splitlines()[2:] if line.startswith("| ")]
+    first = table.split("\n\n")[0]  # the summary; a table of the watched runs may follow
+    return [line.split(" | ") for line in first.splitlines()[2:] if line.startswith("| ")]
 
 
 def fake_run(folder, attribs, n_docs=None, **fields):
@@ -491,3 +492,22 @@ def test_the_dynamics_table_says_what_comes_first(tmp_path):
     os.makedirs(tmp_path / "figs")
     assert experiments.mechanism_dynamics(records, str(tmp_path / "figs")) == [
         str(tmp_path / "figs" / "mechanism_dynamics.png")]
+
+
+def test_the_sweeps_of_the_papers_other_findings():
+    """App. D.1 (pos_embed), D.2 (atr_layers), §5.3 (atr_gen) and D.4 (multihop)."""
+    cfgs = lambda sweep, scale="cpu", seeds=1: [parse(r) for _, r in experiments.sweep_runs(sweep, scale, seeds)]
+    pe = cfgs("pos-embed")
+    assert len(pe) == 3 * 7 and all(c.pos_emb == (c.arch != "attention") for c in pe)
+    assert {(c.task, c.atr if c.task == "atr" else None) for c in pe} == {("ar", None), ("atr", "easy"), ("atr", "medium")}
+    one = cfgs("atr-layers")
+    assert {c.arch for c in one} == set(experiments.ARCHS) - {"based"} and {c.n_layer for c in one} == {1}
+    gen = cfgs("atr-gen", seeds=3)
+    assert all(c.held_out == 0.2 and c.schedule == "wsd" for c in gen)  # the CPU preset, three rates
+    assert {c.lr for c in gen} == {3e-4, 1e-3, 3e-3} and {c.n_layer for c in gen} == {1, 2, 3}
+    assert len(gen) == (3 * 7 - 1) * 3 * 3
+    assert {c.schedule for c in cfgs("atr-gen", "paper")} == {"linear"}  # the paper's, held out
+    sib = cfgs("atr-sibling")
+    assert all(c.atr_query == "sibling" and c.atr == "easy" for c in sib) and len(sib) == 3 * 7 - 1
+    names = [name for name, _ in experiments.sweep_runs("atr-gen", "cpu", 1)]
+    assert "atr_easy_heldout0.2_mamba_layers2_lr0.001_s42" in names and len(set(names)) == len(names)
