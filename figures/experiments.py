@@ -89,7 +89,8 @@ SWEEPS = {
     # App. D.1, pos_embed: every architecture with the other position-embedding choice than its
     # main results' (Attention NoPE, the others PE) on AR and ATR easy and medium; LR5
     "pos-embed": [(dict(task=t, **where, arch=a, pos_emb=a != "attention"), LR5)
-                  for t, where in (("ar", {}), ("atr", dict(atr="easy")), ("atr", dict(atr="medium")))
+                  for t, where in (("ar", {}), ("atr", dict(atr="easy")),
+                                   ("atr", dict(atr="medium")))
                   for a in ARCHS],
     # App. D.2, atr_layers: every architecture with one layer on ATR easy (2 layers: atr-main's);
     # no 1-layer Based, its one layer would be a BaseConv layer (the paper's equal series)
@@ -398,9 +399,8 @@ def summary_table(records: list) -> str:
     by_row = {}  # the columns' values -> [(configuration, runs)]
     for key, rs in groups.items():
         r = rs[0]
-        task = r["task"] + (f" {r['atr']}" if r["task"] == "atr" else "")
         model = r["arch"] + conv_variant(r) + pe_variant(r)
-        by_row.setdefault((task, model, r["n_layer"], r["d_model"], r["lr"]), []).append(
+        by_row.setdefault((task_label(r), model, r["n_layer"], r["d_model"], r["lr"]), []).append(
             (dict(key), rs))
     rows = sorted(((columns + (told,), rs) for columns, same in by_row.items()
                    for told, (_, rs) in zip(told_apart([c for c, _ in same]), same)),
@@ -452,6 +452,22 @@ def attrib_cell(rs: list) -> str:
         return "- (0)"
     return (" / ".join(f"{np.mean([r['attrib'][p] for r in act]):.2f}"
                        for p in ("key", "value", "query")) + f" ({len(act)})")
+
+
+def atr_query(r: dict) -> str:
+    """What an ATR run asks: the parent, or (App. D.4) the rightmost sibling; records of an older
+    mech.py lack the field, and asked the parent."""
+    return r.get("atr_query", "parent")
+
+
+def task_label(r: dict) -> str:
+    """A run's task as the table names it, e.g. "atr easy", "atr easy sibling", "atr easy
+    held-out 0.2": runs of the other ATR tasks are never read as the main one's."""
+    if r["task"] != "atr":
+        return r["task"]
+    query = [atr_query(r)] if atr_query(r) != "parent" else []
+    held = [f"held-out {r['held_out']:g}"] if r.get("held_out") else []
+    return " ".join([r["task"], r["atr"]] + query + held)
 
 
 def conv_variant(r: dict) -> str:
@@ -605,6 +621,97 @@ PAPER = {
     # earlier occurrence (Key+1), measured on the official generator's documents (seed 42, about
     # 1,000 of them); the 1-layer BaseConv and Based of atr_layers.pdf (App. D.2) sit on it
     "atr_copy_next_token": {"easy": 0.52, "medium": 0.43, "8192": 0.49},
+    # App. D.1, pos_embed.pdf: 2 layers, by (setting, architecture, "PE" or "NoPE"), one learning
+    # rate grid (LR5, so Mamba's AR NoPE is below ar_32.pdf's, which adds two rates); no H3 on
+    # ATR medium
+    "pos_embed": {
+        ("ar", "attention", "NoPE"): (0.044, 0.072, 0.091, 0.059, 0.056),
+        ("ar", "attention", "PE"): (0.066, 1.000, 1.000, 1.000, 1.000),
+        ("ar", "based", "NoPE"): (0.238, 0.931, 0.991, 0.988, 0.991),
+        ("ar", "based", "PE"): (0.131, 0.794, 0.912, 0.919, 0.984),
+        ("ar", "mamba", "NoPE"): (0.047, 0.434, 0.716, 0.897, 0.912),
+        ("ar", "mamba", "PE"): (0.034, 0.122, 0.522, 0.809, 0.922),
+        ("ar", "hyena", "NoPE"): (0.006, 0.009, 0.025, 0.103, 0.297),
+        ("ar", "hyena", "PE"): (0.012, 0.012, 0.037, 0.050, 0.147),
+        ("ar", "base_conv", "NoPE"): (0.000, 0.009, 0.031, 0.066, 0.097),
+        ("ar", "base_conv", "PE"): (0.003, 0.016, 0.028, 0.050, 0.078),
+        ("ar", "h3", "NoPE"): (0.009, 0.006, 0.019, 0.025, 0.016),
+        ("ar", "h3", "PE"): (0.009, 0.012, 0.019, 0.028, 0.025),
+        ("easy", "attention", "NoPE"): (0.809, 0.875, 0.900, 0.922, 0.916),
+        ("easy", "attention", "PE"): (0.684, 0.903, 0.938, 0.953, 0.962),
+        ("easy", "base_conv", "NoPE"): (0.675, 0.756, 0.825, 0.869, 0.900),
+        ("easy", "base_conv", "PE"): (0.666, 0.753, 0.800, 0.856, 0.881),
+        ("easy", "based", "NoPE"): (0.822, 0.912, 0.919, 0.931, 0.922),
+        ("easy", "based", "PE"): (0.844, 0.884, 0.925, 0.934, 0.938),
+        ("easy", "h3", "NoPE"): (0.819, 0.878, 0.900, 0.941, 0.941),
+        ("easy", "h3", "PE"): (0.825, 0.872, 0.906, 0.938, 0.941),
+        ("easy", "hyena", "NoPE"): (0.759, 0.809, 0.853, 0.925, 0.938),
+        ("easy", "hyena", "PE"): (0.734, 0.791, 0.862, 0.928, 0.938),
+        ("easy", "mamba", "NoPE"): (0.912, 0.944, 0.962, 0.969, 0.962),
+        ("easy", "mamba", "PE"): (0.884, 0.931, 0.959, 0.959, 0.969),
+        ("medium", "attention", "NoPE"): (0.556, 0.631, 0.694, 0.738, 0.734),
+        ("medium", "attention", "PE"): (0.509, 0.569, 0.756, 0.806, 0.809),
+        ("medium", "base_conv", "NoPE"): (0.559, 0.616, 0.653, 0.706, 0.688),
+        ("medium", "base_conv", "PE"): (0.519, 0.578, 0.597, 0.600, 0.641),
+        ("medium", "based", "NoPE"): (0.631, 0.716, 0.700, 0.709, 0.731),
+        ("medium", "based", "PE"): (0.584, 0.772, 0.734, 0.713, 0.747),
+        ("medium", "h3", "NoPE"): None, ("medium", "h3", "PE"): None,
+        ("medium", "hyena", "NoPE"): (0.578, 0.638, 0.625, 0.663, 0.684),
+        ("medium", "hyena", "PE"): (0.503, 0.581, 0.609, 0.713, 0.634),
+        ("medium", "mamba", "NoPE"): (0.772, 0.878, 0.863, 0.900, 0.922),
+        ("medium", "mamba", "PE"): (0.766, 0.831, 0.822, 0.888, 0.900),
+        **{(s, "delta_net", pe): None for s in ("ar", "easy", "medium") for pe in ("PE", "NoPE")}},
+    # App. D.2, atr_layers.pdf: ATR easy with 1 layer (its 2-layer panel is atr.pdf's); a 1-layer
+    # Based is its BaseConv layer, and the 1-layer BaseConv and Based sit on the copy-next-token
+    # baseline
+    "atr_layers": dict(attention=(0.656, 0.697, 0.738, 0.713, 0.747),
+                       base_conv=(0.513, 0.516, 0.516, 0.513, 0.516),
+                       based=(0.513, 0.516, 0.516, 0.516, 0.513),
+                       h3=(0.688, 0.819, 0.853, 0.872, 0.897),
+                       hyena=(0.700, 0.775, 0.825, 0.866, 0.894),
+                       mamba=(0.853, 0.875, 0.916, 0.934, 0.944),
+                       delta_net=None),
+    # §5.3, atr_gen.pdf: ATR easy with 20 % of the label pairs held out of training, 2 layers,
+    # the learning rate chosen on dev accuracy: dev (training's pairs) and test (held-out pairs)
+    # accuracy; the paper trains no other depth held out, and atr_gen_box.pdf gives no numbers
+    "atr_gen": dict(attention=dict(dev=(0.869, 0.912, 0.950, 0.959, 0.956),
+                                   test=(0.350, 0.534, 0.600, 0.681, 0.681)),
+                    base_conv=dict(dev=(0.741, 0.812, 0.844, 0.894, 0.916),
+                                   test=(0.238, 0.166, 0.197, 0.241, 0.272)),
+                    based=dict(dev=(0.841, 0.916, 0.922, 0.931, 0.934),
+                               test=(0.356, 0.425, 0.484, 0.463, 0.472)),
+                    h3=dict(dev=(0.819, 0.884, 0.884, 0.912, 0.919),
+                            test=(0.478, 0.441, 0.494, 0.544, 0.569)),
+                    hyena=dict(dev=(0.800, 0.822, 0.891, 0.922, 0.916),
+                               test=(0.241, 0.134, 0.341, 0.428, 0.453)),
+                    mamba=dict(dev=(0.897, 0.931, 0.969, 0.975, 0.981),
+                               test=(0.525, 0.325, 0.466, 0.594, 0.650)),
+                    delta_net=None),
+    # App. D.4, multihop.pdf: the sibling task (ATR easy, the Query's rightmost sibling asked),
+    # by (architecture, layers); Attention's 1-layer point at d = 128 is missing from the figure;
+    # a 1-layer Based is its BaseConv layer (the figure's equal series)
+    "atr_sibling": {("attention", 1): (0.853, 0.912, 0.916, None, 0.925),
+                    ("attention", 2): (0.906, 0.928, 0.941, 0.944, 0.950),
+                    ("attention", 3): (0.894, 0.928, 0.934, 0.950, 0.953),
+                    ("base_conv", 1): (0.759, 0.750, 0.753, 0.744, 0.744),
+                    ("base_conv", 2): (0.894, 0.934, 0.922, 0.959, 0.959),
+                    ("base_conv", 3): (0.912, 0.947, 0.941, 0.956, 0.959),
+                    ("based", 1): (0.759, 0.750, 0.753, 0.744, 0.744),
+                    ("based", 2): (0.919, 0.928, 0.928, 0.937, 0.944),
+                    ("based", 3): (0.916, 0.916, 0.941, 0.944, 0.953),
+                    ("h3", 1): (0.887, 0.928, 0.959, 0.931, 0.966),
+                    ("h3", 2): (0.919, 0.934, 0.937, 0.969, 0.975),
+                    ("h3", 3): (0.925, 0.931, 0.953, 0.953, 0.972),
+                    ("hyena", 1): (0.887, 0.916, 0.931, 0.941, 0.937),
+                    ("hyena", 2): (0.937, 0.937, 0.934, 0.956, 0.966),
+                    ("hyena", 3): (0.931, 0.931, 0.941, 0.959, 0.981),
+                    ("mamba", 1): (0.872, 0.944, 0.953, 0.966, 0.972),
+                    ("mamba", 2): (0.922, 0.959, 0.981, 0.981, 0.984),
+                    ("mamba", 3): (0.962, 0.956, 0.975, 0.981, 0.994),
+                    **{("delta_net", n): None for n in (1, 2, 3)}},
+    # App. D.4: copying the Query scores at least the share of documents whose Query is its own
+    # rightmost sibling
+    "atr_sibling_copy_query": 0.675,
 }
 
 SPLIT = 0.5   # runs further apart than this have no summary mark: they split, none stands for all
@@ -869,10 +976,16 @@ def by_position(paper) -> tuple:
     return tuple(paper.get(p) if paper else None for p in SHOWN)
 
 
+def main_question(r: dict) -> bool:
+    """Whether a run asks the paper's main question: AR, or ATR's parent with no label pairs held
+    out of training (not §5.3's generalisation, nor App. D.4's sibling task)."""
+    return not r.get("held_out") and atr_query(r) == "parent"
+
+
 def main_variant(r: dict) -> bool:
-    """Whether a run has the paper's position-embedding choice and no held-out label pairs: what
+    """Whether a run has the paper's position-embedding choice and asks its main question: what
     the figures on convolutions hold fixed."""
-    return not pe_variant(r) and not r.get("held_out")
+    return not pe_variant(r) and main_question(r)
 
 
 def main_ar(records: list) -> list:
@@ -1062,34 +1175,58 @@ def depth_runs(records: list) -> tuple:
     return (rs, layers) if len(layers) > 1 else ([], [])
 
 
-def paper_depth(arch: str, n: int, runs: list):
-    """The paper's AR accuracy of arch with n layers at the width of the runs, or None."""
-    table = PAPER["ar_accuracy"].get(arch) if n == 2 else PAPER["ar_layers"].get((arch, n))
-    return paper_accuracy(table, runs)[0]
+def depth_panel(ax, rs: list, layers: list, paper) -> tuple:
+    """Accuracy by architecture (columns) and depth (a slot per number of layers), each seed at its
+    best learning rate; paper(arch, n): the paper's accuracies by width, or None. Returns the
+    panel's (columns, series)."""
+    series = [Series(layers_label(n), LAYER_COLORS[i % 3], "o", lambda r: r["accuracy"],
+                     keep=lambda r, n=n: r["n_layer"] == n) for i, n in enumerate(layers)]
+    columns = [Column(a, best_runs(of_arch(rs, a)),
+                      tuple(paper_accuracy(paper(a, n), rs)[0] for n in layers))
+               for a in archs_of(rs)]
+    strip_panel(ax, columns, series)
+    ax.set(xlabel=f"architecture (slots: {', '.join(map(str, layers))} layers)",
+           ylabel="test accuracy", ylim=ACCURACY_YLIM)
+    return columns, series
+
+
+def dashed(ax, y: float, label: str) -> Line2D:
+    """A reference line across a panel (a baseline), and its key for the legend."""
+    ax.axhline(y, color="grey", ls="--", lw=1, zorder=0)
+    return Line2D([], [], color="grey", ls="--", lw=1, label=label)
+
+
+def no_based_note(columns: list, series: list, sweep: str) -> list:
+    """The caption's word on the empty slots of a depth figure: the 1-layer Based, never run."""
+    gaps = [c.label for c in columns for s in series if not any(map(s.keep, c.runs))]
+    return [f"\"not run\" ({', '.join(gaps)}): the sweep {sweep} runs no 1-layer Based, whose "
+            "one layer would be its BaseConv layer (the 1-layer BaseConv)."] if gaps else []
+
+
+def depth_figure(rs: list, paper, out_dir: str, name: str, title: str, source: str, sweep: str,
+                 line=None) -> list:
+    """A figure of accuracy by architecture and depth (depth_panel), beside the paper's; line:
+    (y, its label, its caption) of a dashed reference line, if any."""
+    layers = sorted({r["n_layer"] for r in rs})
+    fig, ax = plt.subplots(figsize=(11, 3.6))
+    columns, series = depth_panel(ax, rs, layers, paper)
+    legend(ax, series, BEST_LABEL, [dashed(ax, *line[:2])] if line else ())
+    fig.suptitle(title)
+    return save(fig, out_dir, name, [MARKS, scale_note(rs),
+                                     paper_note(source, paper_best(rs), [("", columns)])]
+                + no_based_note(columns, series, sweep) + ([line[2]] if line else []))
 
 
 def ar_layers(records: list, out_dir: str) -> list:
     """App. D.2 (ar_32_layers_with_3): AR accuracy by architecture and number of layers."""
-    rs, layers = depth_runs(records)
+    rs, _ = depth_runs(records)
     if not rs:
         return []
-    series = [Series(layers_label(n), LAYER_COLORS[i % 3], "o", lambda r: r["accuracy"],
-                     keep=lambda r, n=n: r["n_layer"] == n) for i, n in enumerate(layers)]
-    columns = [Column(a, best_runs(of_arch(rs, a)),
-                      tuple(paper_depth(a, n, rs) for n in layers)) for a in archs_of(rs)]
-    fig, ax = plt.subplots(figsize=(11, 3.6))
-    strip_panel(ax, columns, series)
-    ax.set(xlabel="architecture (slots: 1, 2, 3 layers)", ylabel="test accuracy",
-           ylim=ACCURACY_YLIM)
-    legend(ax, series, BEST_LABEL)
-    fig.suptitle("Associative Recall by depth: test accuracy with 1, 2 and 3 layers")
-    caption = [MARKS, scale_note(rs),
-               paper_note("ar_32_layers_with_3.pdf, App. D.2; 2 layers: ar_32.pdf",
-                          paper_best(rs), [("", columns)])]
-    if gaps := [c.label for c in columns for s in series if not any(map(s.keep, c.runs))]:
-        caption.append(f"\"not run\" ({', '.join(gaps)}): the sweep ar-layers runs no 1-layer "
-                       "Based, whose one layer would be its BaseConv layer (the 1-layer BaseConv).")
-    return save(fig, out_dir, "ar_layers.png", caption)
+    return depth_figure(
+        rs, lambda a, n: PAPER["ar_accuracy"].get(a) if n == 2 else PAPER["ar_layers"].get((a, n)),
+        out_dir, "ar_layers.png",
+        "Associative Recall by depth: test accuracy with 1, 2 and 3 layers",
+        "ar_32_layers_with_3.pdf, App. D.2; 2 layers: ar_32.pdf", "ar-layers")
 
 
 def ar_layers_attrib(records: list, out_dir: str) -> list:
@@ -1129,10 +1266,11 @@ def atr_model(r: dict) -> str:
 
 
 def main_atr(records: list) -> tuple:
-    """The runs of the paper's main ATR results (2 layers, its convolutions, no held-out label
-    pairs), the ATR settings and the models they cover."""
+    """The runs of the paper's main ATR results (2 layers, its convolutions, its main question),
+    the ATR settings and the models they cover: the paper's PE choice, and Attention NoPE (which
+    ATR does not need); the other architectures' PE runs are pos_embed's (App. D.1)."""
     rs = [r for r in records if r["task"] == "atr" and r["n_layer"] == 2 and not conv_variant(r)
-          and not r["held_out"]]
+          and main_question(r) and (not pe_variant(r) or r["arch"] == "attention")]
     settings = [s for s in mech.ATR_SETTINGS if any(r["atr"] == s for r in rs)]
     models = [a + v for a in ARCHS for v in ("", " PE", " NoPE")
               if any(atr_model(r) == a + v for r in rs)]
@@ -1161,22 +1299,27 @@ def atr_accuracy(records: list, out_dir: str) -> list:
         panel = [Column(m, best_runs(runs[m]), paper_accuracy(PAPER["atr_accuracy"].get((s, m)),
                                                               runs[m])) for m in models]
         strip_panel(ax, panel, [ACCURACY])
-        ax.axhline(PAPER["atr_copy_next_token"][s], color="grey", ls="--", lw=1, zorder=0)
+        baseline = dashed(ax, PAPER["atr_copy_next_token"][s], COPY_NEXT_TOKEN)
         ax.set(ylabel="test accuracy", ylim=ACCURACY_YLIM)
         ax.set_title(setting_title(s), fontsize=9)
         panels.append((s, panel))
     axes[-1].set(xlabel=ATR_MODELS)
-    legend(axes[0], [ACCURACY], BEST_LABEL,
-           [Line2D([], [], color="grey", ls="--", lw=1, label="copy-next-token baseline")])
-    baselines = ", ".join(f"{s} {PAPER['atr_copy_next_token'][s]}" for s in settings)
+    legend(axes[0], [ACCURACY], BEST_LABEL, [baseline])
     fig.suptitle("Associative Treecall (ATR): test accuracy of each model, per setting")
     return save(fig, out_dir, "atr_accuracy.png", [
         MARKS, scale_note(rs),
         paper_note("atr.pdf, §5.2; Attention NoPE: pos_embed.pdf, App. D.1", paper_best(rs),
-                   panels),
-        f"Dashed: the copy-next-token baseline ({baselines}): answering with the token after "
-        "the Query's last earlier occurrence, measured on the official ATR generator's "
-        "documents; a model must beat it to have learned anything of the tree."])
+                   panels), copy_next_token_note(settings)])
+
+
+COPY_NEXT_TOKEN = "copy-next-token baseline"
+
+
+def copy_next_token_note(settings: list) -> str:
+    baselines = ", ".join(f"{s} {PAPER['atr_copy_next_token'][s]}" for s in settings)
+    return (f"Dashed: the copy-next-token baseline ({baselines}): answering with the token after "
+            "the Query's last earlier occurrence, measured on the official ATR generator's "
+            "documents; a model must beat it to have learned anything of the tree.")
 
 
 def atr_mechanism(records: list, out_dir: str) -> list:
@@ -1204,6 +1347,139 @@ def atr_mechanism(records: list, out_dir: str) -> list:
     return save(fig, out_dir, "atr_mechanism.png", [
         MARKS, filter_note(rs), scale_note(rs),
         paper_note("atr_box.pdf, §5.2", MEDIANS_NOTE, panels, True)])
+
+
+# ── the paper's other findings: position embeddings, depth, generalisation, the sibling task ──
+
+PE_SETTINGS = ("ar", "easy", "medium")  # the panels of pos_embed.pdf (App. D.1)
+PE_SERIES = [Series("with a position embedding (PE)", "C0", "o", lambda r: r["accuracy"],
+                    keep=lambda r: r["pos_emb"]),
+             Series("without one (NoPE)", "C1", "s", lambda r: r["accuracy"],
+                    keep=lambda r: not r["pos_emb"])]
+
+
+def pe_setting(r: dict) -> str:
+    return r["atr"] if r["task"] == "atr" else r["task"]
+
+
+def pe_settings(rs: list) -> list:
+    """The settings with runs of the pos-embed sweep: an architecture's other PE choice. ATR
+    Attention NoPE alone (the sweep atr-attention-nope) is not enough: atr_accuracy draws it."""
+    return [s for s in PE_SETTINGS
+            if any(pe_setting(r) == s and pe_variant(r)
+                   and (r["task"] == "ar" or r["arch"] != "attention") for r in rs)]
+
+
+def pos_embed(records: list, out_dir: str) -> list:
+    """App. D.1 (pos_embed): accuracy with and without the position embedding, per architecture,
+    one panel per setting (AR, ATR easy, ATR medium)."""
+    rs = [r for r in records if r["n_layer"] == 2 and not conv_variant(r) and main_question(r)
+          and pe_setting(r) in PE_SETTINGS]
+    settings = pe_settings(rs)
+    if not settings:
+        return []
+    fig, axes = stacked_panels(len(settings))
+    panels, drawn = [], []  # (setting, its columns); the runs of the panels
+    for ax, s in zip(axes, settings):
+        runs = [r for r in rs if pe_setting(r) == s]
+        columns = [Column(a, best_runs(of_arch(runs, a)),
+                          tuple(paper_accuracy(PAPER["pos_embed"].get((s, a, pe)), runs)[0]
+                                for pe in ("PE", "NoPE"))) for a in archs_of(runs)]
+        strip_panel(ax, columns, PE_SERIES)
+        ax.set(ylabel="test accuracy", ylim=ACCURACY_YLIM)
+        ax.set_title("AR" if s == "ar" else setting_title(s), fontsize=9)
+        panels.append(("AR" if s == "ar" else f"ATR {s}", columns))
+        drawn += runs
+    axes[-1].set(xlabel="architecture (2 layers; slots: PE, NoPE)")
+    legend(axes[0], PE_SERIES, BEST_LABEL)
+    fig.suptitle("Position embeddings: test accuracy with (PE) and without (NoPE) one; the main "
+                 "results\ngive Attention a position embedding and the others none")
+    return save(fig, out_dir, "pos_embed.png", [
+        MARKS, scale_note(drawn),
+        paper_note("pos_embed.pdf, App. D.1", f"its one seed at d = "
+                   f"{span(r['d_model'] for r in drawn)}, the best of its {len(LR5)} learning "
+                   "rates", panels)])
+
+
+def atr_layers(records: list, out_dir: str) -> list:
+    """App. D.2 (atr_layers): ATR easy accuracy by architecture with 1 and 2 layers."""
+    rs = [r for r in records if r["task"] == "atr" and r["atr"] == "easy" and r["n_layer"] in (1, 2)
+          and main_variant(r) and not conv_variant(r)]
+    if not any(r["n_layer"] == 1 for r in rs):
+        return []
+    return depth_figure(
+        rs, lambda a, n: PAPER["atr_layers"].get(a) if n == 1
+        else PAPER["atr_accuracy"].get(("easy", a)),
+        out_dir, "atr_layers.png", f"{setting_title('easy')}: test accuracy with 1 and 2 layers",
+        "atr_layers.pdf, App. D.2; 2 layers: atr.pdf, §5.2", "atr-layers",
+        (PAPER["atr_copy_next_token"]["easy"], COPY_NEXT_TOKEN, copy_next_token_note(["easy"])))
+
+
+def atr_sibling(records: list, out_dir: str) -> list:
+    """App. D.4 (multihop): the sibling task's accuracy by architecture with 1, 2 and 3 layers."""
+    rs = [r for r in records if r["task"] == "atr" and atr_query(r) == "sibling"
+          and not r.get("held_out") and not conv_variant(r) + pe_variant(r)]
+    if not rs:
+        return []
+    copy = PAPER["atr_sibling_copy_query"]
+    return depth_figure(
+        rs, lambda a, n: PAPER["atr_sibling"].get((a, n)), out_dir, "atr_sibling.png",
+        "ATR's sibling task: the Query's rightmost sibling asked (ATR easy), by depth",
+        "multihop.pdf, App. D.4", "atr-sibling",
+        (copy, "copying the Query", f"Dashed: {copy}, what answering with the Query itself "
+         f"scores: the Query is its own rightmost sibling in {copy:.1%} of documents."))
+
+
+GEN_SERIES = [Series("dev: the training's label pairs", "C0", "o", lambda r: r["dev_accuracy"]),
+              Series("test: held-out label pairs", "C3", "D", lambda r: r["accuracy"])]
+
+
+def gen_paper(arch: str, n: int, runs: list) -> tuple:
+    """The paper's (dev, test) accuracy at the width of the runs: atr_gen.pdf has 2 layers only."""
+    table = PAPER["atr_gen"].get(arch) if n == 2 else None
+    return tuple(paper_accuracy(table[k] if table else None, runs)[0] for k in ("dev", "test"))
+
+
+def atr_gen(records: list, out_dir: str) -> list:
+    """§5.3 (atr_gen, atr_gen_box): ATR easy with label pairs held out of training, per depth:
+    dev vs test accuracy (top) and the main Attribs on the test documents (bottom), each seed at
+    the learning rate of its best dev accuracy."""
+    rs = [r for r in records if r["task"] == "atr" and r.get("held_out")
+          and atr_query(r) == "parent" and not conv_variant(r) + pe_variant(r)]
+    if not rs:
+        return []
+    layers = sorted({r["n_layer"] for r in rs})
+    fig, axes = plt.subplots(2, len(layers), figsize=(5 * len(layers) + 2.5, 7.4),
+                             squeeze=False, sharey="row")
+    series, accuracy, attribs, best = position_series("attrib"), [], [], []
+    for top, bottom, n in zip(axes[0], axes[1], layers):
+        runs = best_runs([r for r in rs if r["n_layer"] == n])  # by dev accuracy (best_over_lr)
+        archs = archs_of(runs)
+        accuracy.append((layers_label(n), [Column(a, of_arch(runs, a), gen_paper(a, n, runs))
+                                           for a in archs]))
+        attribs.append((layers_label(n), [mechanism_column(a, of_arch(runs, a), ())
+                                          for a in archs]))
+        strip_panel(top, accuracy[-1][1], GEN_SERIES)
+        strip_panel(bottom, attribs[-1][1], series)
+        top.set_title(f"{layers_label(n)}: accuracy", fontsize=9)
+        bottom.set_title(f"{layers_label(n)}: mechanism on test documents", fontsize=9)
+        bottom.set(xlabel="architecture")
+        best += runs
+    axes[0][0].set(ylabel="accuracy", ylim=ACCURACY_YLIM)
+    attrib_axes(list(axes[1]), [(cs, series) for _, cs in attribs], "Attrib (last layer's input)")
+    legend(axes[0][-1], GEN_SERIES, "paper (one seed, the rate\nof its best dev accuracy)")
+    legend(axes[1][-1], series)
+    fig.suptitle(f"ATR generalisation: {rs[0]['held_out']:.0%} of the (parent, query) label "
+                 "pairs held out of training and asked only by the test documents (ATR easy)")
+    return save(fig, out_dir, "atr_gen.png", [
+        MARKS, "Each seed at the learning rate of its best dev accuracy (documents asking the "
+        "training's label pairs), as the paper chooses it; test: documents asking held-out pairs.",
+        scale_note(rs), filter_note(best),
+        paper_note("atr_gen.pdf, §5.3", f"its one seed at d = {span(r['d_model'] for r in rs)}, "
+                   "2 layers, at the learning rate of its best dev accuracy", accuracy),
+        "Attribs (bottom): the main setting (Key corrupted) on the test documents only; mech.py "
+        "does not analyse the dev documents yet, so the dev half of the paper's atr_gen_box.pdf "
+        "is not drawn, and the paper gives no numbers for it (no x)."])
 
 
 # ── the mechanism while it forms (curves of the runs watched while they trained) ─────────────────
@@ -1249,6 +1525,9 @@ def dynamics_table(records: list) -> str:
              "first |", "|---|---:|---|---:|---:|---|"]
     for title, rs in watched_runs(records):
         for r in rs:
+            if not followed(r):  # its final analysis names no position: nothing to follow
+                lines.append(f"| {title.split(' (')[0]} | {r['seed']} | none (the final verdict "
+                             f"names no position) | - | - | - |")
             for name in followed(r):
                 m = moments_of(r, name)
                 first = ("-" if m["mechanism"] is None else "together"
@@ -1309,13 +1588,14 @@ def mechanism_dynamics(records: list, out_dir: str) -> list:
 
 
 FIGURES = (ar_accuracy, ar_mechanism, mamba_dconv, mamba_conv_restored, based_conv, ar_layers,
-           ar_layers_attrib, atr_accuracy, atr_mechanism, mechanism_dynamics)
+           ar_layers_attrib, atr_accuracy, atr_mechanism, pos_embed, atr_layers, atr_gen,
+           atr_sibling, mechanism_dynamics)
 
 
 # what the figures compare runs by (their panels, columns and points); the other fields but the
 # seed and the learning rate (which the figures take the best of) are the training protocol
 COMPARED = ("task", "atr", "arch", "n_layer", "d_model", "d_conv", "long_conv", "pos_emb",
-            "held_out")
+            "held_out", "atr_query")
 
 
 def one_protocol(records: list, log=print) -> list:

@@ -511,3 +511,99 @@ def test_the_sweeps_of_the_papers_other_findings():
     assert all(c.atr_query == "sibling" and c.atr == "easy" for c in sib) and len(sib) == 3 * 7 - 1
     names = [name for name, _ in experiments.sweep_runs("atr-gen", "cpu", 1)]
     assert "atr_easy_heldout0.2_mamba_layers2_lr0.001_s42" in names and len(set(names)) == len(names)
+
+
+# ── the paper's other findings: figures of sweeps not run yet, drawn from fake run folders ────
+
+def finding_run(root, name, accuracy=0.8, dev=None, **fields):
+    """A fake run folder (fake_run) whose answer reacts to the Key and reads it at the Value (a
+    1-layer model at its mixer output), with its own test and dev accuracy."""
+    attribs = {("block_input", l, "value"): 1.0 for l in range(1, 3)}
+    fake_run(root / name, attribs | {("mixer_output", 0, "value"): 1.0}, **fields)
+    path = root / name / "metrics.json"
+    m = json.loads(path.read_text())
+    mech.write_json(str(path), dict(m, accuracy=accuracy, **({"dev_accuracy": dev} if dev else {})))
+
+
+def main_runs(root):
+    """The runs of the main results (AR and ATR easy, 2 layers) and ATR Attention NoPE."""
+    for seed in (42, 43):
+        for arch in ("attention", "mamba"):
+            finding_run(root, f"ar_{arch}_{seed}", arch=arch, seed=seed)
+            finding_run(root, f"atr_{arch}_{seed}", task="atr", arch=arch, seed=seed)
+        finding_run(root, f"atr_nope_{seed}", task="atr", arch="attention", pos_emb=False,
+                    seed=seed)
+
+
+def finding_runs(root):
+    """main_runs, and runs of the sweeps pos-embed, atr-layers, atr-gen and atr-sibling."""
+    main_runs(root)
+    atr = dict(task="atr", atr="easy")
+    for seed in (42, 43):
+        for arch in ("attention", "mamba"):
+            pe = dict(arch=arch, pos_emb=arch != "attention", seed=seed)
+            finding_run(root, f"pe_ar_{arch}_{seed}", 0.3, **pe)
+            finding_run(root, f"pe_atr_{arch}_{seed}", 0.7, **atr, **pe)
+            finding_run(root, f"one_{arch}_{seed}", 0.6, **atr, arch=arch, n_layer=1, seed=seed)
+            for n in (1, 2, 3):
+                finding_run(root, f"sib_{arch}_{n}_{seed}", 0.9, **atr, atr_query="sibling",
+                            arch=arch, n_layer=n, seed=seed)
+                for lr, dev, test in ((1e-3, 0.95, 0.3), (3e-3, 0.9, 0.5)):  # dev picks 1e-3
+                    finding_run(root, f"gen_{arch}_{n}_{lr:g}_{seed}", test, dev, **atr,
+                                held_out=0.2, arch=arch, n_layer=n, lr=lr, seed=seed)
+
+
+FINDINGS = {"pos_embed.png": experiments.pos_embed, "atr_layers.png": experiments.atr_layers,
+            "atr_gen.png": experiments.atr_gen, "atr_sibling.png": experiments.atr_sibling}
+
+
+def test_the_other_findings_are_drawn_from_their_runs_only(tmp_path):
+    main_runs(tmp_path / "main")
+    main = experiments.collect(str(tmp_path / "main"))
+    assert all(figure(main, str(tmp_path)) == [] for figure in FINDINGS.values())
+    assert set(FINDINGS.values()) <= set(experiments.FIGURES)
+    finding_runs(tmp_path / "all")
+    records = experiments.collect(str(tmp_path / "all"))
+    for name, figure in FINDINGS.items():
+        assert figure(records, str(tmp_path)) == [str(tmp_path / name)]
+    # §5.3: each seed at the learning rate of its best dev accuracy, not of its best test accuracy
+    gen = [r for r in records if r["held_out"]]
+    assert {r["lr"] for r in experiments.best_runs(gen)} == {1e-3}
+
+
+def test_the_main_figures_leave_the_other_findings_runs_out(tmp_path):
+    finding_runs(tmp_path)
+    records = experiments.collect(str(tmp_path))
+    rs, settings, models = experiments.main_atr(records)
+    assert settings == ["easy"] and models == ["attention", "attention NoPE", "mamba"]
+    # no sibling, held-out, 1-layer or PE runs; pos-embed's Attention NoPE is atr-attention-nope's
+    assert {r["folder"].split("_")[0] for r in rs if r["pos_emb"]} == {"atr"}
+    assert {r["folder"].split("_")[0] for r in experiments.main_ar(records)} == {"ar"}
+    assert not any(experiments.main_variant(r) for r in records
+                   if r["folder"].startswith(("sib", "gen", "pe")))
+    tasks = {row[0].strip("| ") for row in table_rows(experiments.summary_table(records))}
+    assert tasks == {"ar", "atr easy", "atr easy sibling", "atr easy held-out 0.2"}
+    # a sibling run is a model of its own: its protocol is not weighed against the parent's
+    quick = [dict(r, steps=1500, folder="q" + r["folder"]) for r in rs if r["arch"] == "mamba"]
+    siblings = [dict(r, atr_query="sibling", steps=1500, folder="s" + r["folder"]) for r in quick]
+    assert len(experiments.one_protocol(rs + siblings, log=lambda _: None)) == len(rs + siblings)
+    assert len(experiments.one_protocol(rs + quick, log=lambda _: None)) == len(rs)
+
+
+def test_the_papers_numbers_cover_every_model_the_other_findings_draw():
+    paper, widths = experiments.PAPER, len(experiments.WIDTHS)
+    pe = sweep_records("pos-embed", "ar-main", "atr-main")
+    tables = [(paper["pos_embed"], {(experiments.pe_setting(r), r["arch"], p) for r in pe
+                                    if experiments.pe_setting(r) in experiments.PE_SETTINGS
+                                    for p in ("PE", "NoPE")}),
+              (paper["atr_layers"], {r["arch"] for r in sweep_records("atr-layers")}),
+              (paper["atr_gen"], {r["arch"] for r in sweep_records("atr-gen")}),
+              (paper["atr_sibling"], {(r["arch"], r["n_layer"])
+                                      for r in sweep_records("atr-sibling")})]
+    for table, drawn in tables:
+        assert drawn <= set(table)  # a number, or None (the paper has none)
+    values = [v for table, _ in tables[:2] + tables[3:] for v in table.values()]
+    values += [v[k] for v in paper["atr_gen"].values() if v for k in ("dev", "test")]
+    for v in filter(None, values):  # by width; None: a point missing from the paper's figure
+        assert len(v) == widths and all(x is None or 0 <= x <= 1 for x in v)
+    assert paper["pos_embed"]["ar", "mamba", "PE"][2] == 0.522
