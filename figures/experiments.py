@@ -325,11 +325,7 @@ def collect(root: str) -> list:
         if "interventions" in m:
             rec.update(analysis(m["interventions"], cfg["n_layer"]))
         if points := [p for p in m.get("curve", []) if "attrib" in p]:  # watched while it trained
-            rec["dynamics"] = dict(
-                step=[p["step"] for p in points], accuracy=[p["accuracy"] for p in points],
-                effect=[p["attrib"]["effect"] for p in points],
-                attrib={n: [mech.watched(p, n) for p in points]
-                        for n in [*points[0]["attrib"]["main"], *points[0]["attrib"]["cells"]]})
+            rec["dynamics"] = points  # mech.watch_mechanism's evaluations
         records.append(rec)
     return records
 
@@ -1507,15 +1503,13 @@ def followed(r: dict) -> list:
     """The Attribs a run's dynamics follow: its verdict's position (if its final analysis names
     one), and for Mamba with a conv, the conv's output at Value+1."""
     name = mech.dominant(r["attrib"]) if reacts(r) else None
-    return ([name] if name else []) + ([CONV] if CONV in r["dynamics"]["attrib"] else [])
+    conv = CONV in r["dynamics"][0]["attrib"]["cells"]
+    return ([name] if name else []) + ([CONV] if conv else [])
 
 
-def moments_of(r: dict, name: str) -> dict:
-    """mech.moments of a record's dynamics, for the Attrib `name`."""
-    d = r["dynamics"]
-    curve = [dict(step=s, accuracy=a, attrib=dict(effect=e, main={name: v}, cells={}))
-             for s, a, e, v in zip(d["step"], d["accuracy"], d["effect"], d["attrib"][name])]
-    return mech.moments(curve, name, MIN_EFFECT[r["task"]])
+def moments_of(r: dict, name: str | None) -> dict:
+    """mech.moments of a record's dynamics, for the Attrib `name` (None: the accuracy's only)."""
+    return mech.moments(r["dynamics"], name, MIN_EFFECT[r["task"]])
 
 
 def dynamics_table(records: list) -> str:
@@ -1550,19 +1544,18 @@ def mechanism_dynamics(records: list, out_dir: str) -> list:
     dashes = ("-", "--", "-.", ":")
     for ax, (title, rs) in zip(axes[:, 0], panels):
         for i, r in enumerate(rs):
-            d, ls = r["dynamics"], dashes[i % len(dashes)]
-            ax.plot(d["step"], d["accuracy"], color="k", ls=ls, lw=1.2)
-            gate = MIN_EFFECT[r["task"]]
+            points, ls, gate = r["dynamics"], dashes[i % len(dashes)], MIN_EFFECT[r["task"]]
+            steps, accuracy = [p["step"] for p in points], [p["accuracy"] for p in points]
+            ax.plot(steps, accuracy, color="k", ls=ls, lw=1.2)
             for name, color in zip(followed(r), ("C3", "C4")):
-                ys = [v if e >= gate else np.nan for v, e in zip(d["attrib"][name], d["effect"])]
-                ax.plot(d["step"], ys, color=color, ls=ls, lw=1.5)
-                m = moments_of(r, name)
-                if m["mechanism"] is not None:
-                    ax.plot(m["mechanism"], 0.5, marker="^", color=color, ms=7, mfc="none")
-            m = moments_of(r, followed(r)[0]) if followed(r) else None
-            if m and m["accuracy"] is not None:
-                half = (d["accuracy"][0] + d["accuracy"][-1]) / 2
-                ax.plot(m["accuracy"], half, marker="o", color="k", ms=6, mfc="none")
+                ys = [mech.watched(p, name) if p["attrib"]["effect"] >= gate else np.nan
+                      for p in points]
+                ax.plot(steps, ys, color=color, ls=ls, lw=1.5)
+                if (formed := moments_of(r, name)["mechanism"]) is not None:
+                    ax.plot(formed, 0.5, marker="^", color=color, ms=7, mfc="none")
+            if (rises := moments_of(r, None)["accuracy"]) is not None:
+                half = (accuracy[0] + accuracy[-1]) / 2
+                ax.plot(rises, half, marker="o", color="k", ms=6, mfc="none")
         ax.set(title=title, ylabel="accuracy / Attrib", ylim=(-0.3, 1.6))
         ax.axhline(0.5, color="grey", lw=0.5, ls=":")
     axes[-1, 0].set(xlabel="training step")

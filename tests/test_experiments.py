@@ -483,7 +483,7 @@ def test_the_dynamics_table_says_what_comes_first(tmp_path):
     watched_run(tmp_path / "a", 42, {100: 0.9, 200: 0.7, 300: 1.0, 400: 1.0}, acc)  # mechanism first
     watched_run(tmp_path / "b", 43, {100: 0.0, 200: 0.1, 300: 0.3, 400: 1.0}, acc)  # accuracy first
     records = experiments.collect(str(tmp_path))
-    assert all(r["dynamics"]["step"] == [100, 200, 300, 400] for r in records)
+    assert all([p["step"] for p in r["dynamics"]] == [100, 200, 300, 400] for r in records)
     rows = [line.split(" | ") for line in experiments.dynamics_table(records).splitlines()[2:]]
     # the 0.9 at step 100 does not count: the Key did not matter yet (effect below the filter)
     assert [(r[1], r[2], r[3], r[4], r[5]) for r in rows] == [
