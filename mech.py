@@ -1133,10 +1133,10 @@ def mechanism_report(rows: list, n_layer: int) -> str:  # the printed table of A
     return "\n".join(lines + ["verdict: " + verdict(rows, n_layer)])
 
 
-def analyse(model: LanguageModel, cfg: "Config") -> dict:
-    """Mechanistic evaluation of a trained model on its test documents, Key and Value corrupted."""
+def analyse(model: LanguageModel, cfg: "Config", split: str = "test") -> dict:
+    """Mechanistic evaluation on the test (--held-out: held-out pairs) or dev documents."""
     task, dev = make_task(cfg), next(model.parameters()).device
-    data = task.sample(cfg.n_eval, rng_for(cfg.seed, "test"), split="test").to(dev)
+    data = task.sample(cfg.n_eval, rng_for(cfg.seed, split), split=split).to(dev)
     rows = (interchange(model, task, data, "key", cfg.seed, cfg.value_corruption)
             + interchange(model, task, data, "value", cfg.seed, cfg.value_corruption))
     return dict(rows=rows, n_docs=len(data), main=main_setting(rows, cfg.n_layer),
@@ -1148,7 +1148,8 @@ def analyse_run(out: str, model: LanguageModel, cfg: "Config", log=print) -> dic
     analysis = analyse(model, cfg)
     log(mechanism_report(analysis["rows"], cfg.n_layer))
     path = os.path.join(out, "metrics.json")
-    metrics = json.loads(pathlib.Path(path).read_text()) | {"interventions": analysis}
+    metrics = json.loads(pathlib.Path(path).read_text()) | {"interventions": analysis} | (
+        {"interventions_dev": analyse(model, cfg, "dev")} if cfg.held_out else {})  # §5.3's dev
     write_json(path, metrics)
     from figures import plots  # the drawing; what the figures show is computed here
     title = f"{cfg.arch} on {cfg.task}, d={cfg.d_model}, test accuracy {metrics['accuracy']:.3f}"
@@ -1390,8 +1391,7 @@ def build_parser() -> Parser:
     p.add_argument("--out", help="run folder (default: runs/<task>_<arch>_..._<config hash>)")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
-    p.add_argument("--force", action="store_true", help="retrain even if the run folder holds a "
-                   "finished run")
+    p.add_argument("--force", action="store_true", help="retrain a finished run's folder")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--interventions", default=True, help="after training, run the mechanistic "
                    "evaluation (interchange interventions)", action=argparse.BooleanOptionalAction)
@@ -1418,10 +1418,10 @@ def config_from_args(args: argparse.Namespace) -> Config:
     if "steps" in given and "epochs" in given:
         raise ValueError(f"give --steps ({args.steps}) or --epochs ({args.epochs}), not both")
     cfg = Config(**given)
-    applies = dict(num_kv=("task", "ar"), n_pairs=("task", "ar"), atr=("task", "atr"),
-                   atr_query=("task", "atr"),
-                   held_out=("task", "atr"), grammar_seed=("task", "atr"), scan=("arch", "mamba"),
-                   hyena_d_skip=("arch", "hyena"), decay_frac=("schedule", "wsd"))  # flag -> where
+    applies = dict(num_kv=("task", "ar"), n_pairs=("task", "ar"), atr=("task", "atr"),  # flag ->
+                   atr_query=("task", "atr"), held_out=("task", "atr"),  # where it applies
+                   grammar_seed=("task", "atr"), scan=("arch", "mamba"),
+                   hyena_d_skip=("arch", "hyena"), decay_frac=("schedule", "wsd"))
     for name, (where, value) in applies.items():
         if name in given and getattr(cfg, where) != value:
             raise ValueError(f"--{name.replace('_', '-')} applies to --{where} {value} only, not "

@@ -324,6 +324,8 @@ def collect(root: str) -> list:
                    dev_accuracy=m.get("dev_accuracy"), wall_time_s=m["wall_time_s"])
         if "interventions" in m:
             rec.update(analysis(m["interventions"], cfg["n_layer"]))
+        if "interventions_dev" in m:  # --held-out: the same reading on the dev documents
+            rec["dev"] = analysis(m["interventions_dev"], cfg["n_layer"])
         if points := [p for p in m.get("curve", []) if "attrib" in p]:  # watched while it trained
             rec["dynamics"] = points  # mech.watch_mechanism's evaluations
         records.append(rec)
@@ -1438,33 +1440,35 @@ def gen_paper(arch: str, n: int, runs: list) -> tuple:
 
 def atr_gen(records: list, out_dir: str) -> list:
     """§5.3 (atr_gen, atr_gen_box): ATR easy with label pairs held out of training, per depth:
-    dev vs test accuracy (top) and the main Attribs on the test documents (bottom), each seed at
-    the learning rate of its best dev accuracy."""
+    dev vs test accuracy (top) and the main Attribs on the dev and on the test documents (below),
+    each seed at the learning rate of its best dev accuracy."""
     rs = [r for r in records if r["task"] == "atr" and r.get("held_out")
           and atr_query(r) == "parent" and not conv_variant(r) + pe_variant(r)]
     if not rs:
         return []
     layers = sorted({r["n_layer"] for r in rs})
-    fig, axes = plt.subplots(2, len(layers), figsize=(5 * len(layers) + 2.5, 7.4),
+    fig, axes = plt.subplots(3, len(layers), figsize=(5 * len(layers) + 2.5, 10.2),
                              squeeze=False, sharey="row")
     series, accuracy, attribs, best = position_series("attrib"), [], [], []
-    for top, bottom, n in zip(axes[0], axes[1], layers):
+    on_dev = lambda runs: [r | r["dev"] for r in runs if "dev" in r]  # the dev reading, same keys
+    for top, middle, bottom, n in zip(*axes, layers):
         runs = best_runs([r for r in rs if r["n_layer"] == n])  # by dev accuracy (best_over_lr)
         archs = archs_of(runs)
         accuracy.append((layers_label(n), [Column(a, of_arch(runs, a), gen_paper(a, n, runs))
                                            for a in archs]))
-        attribs.append((layers_label(n), [mechanism_column(a, of_arch(runs, a), ())
-                                          for a in archs]))
         strip_panel(top, accuracy[-1][1], GEN_SERIES)
-        strip_panel(bottom, attribs[-1][1], series)
         top.set_title(f"{layers_label(n)}: accuracy", fontsize=9)
-        bottom.set_title(f"{layers_label(n)}: mechanism on test documents", fontsize=9)
+        for ax, docs, read in ((middle, "dev", on_dev), (bottom, "test", lambda runs: runs)):
+            attribs.append([mechanism_column(a, read(of_arch(runs, a)), ()) for a in archs])
+            strip_panel(ax, attribs[-1], series)
+            ax.set_title(f"{layers_label(n)}: mechanism on {docs} documents", fontsize=9)
         bottom.set(xlabel="architecture")
         best += runs
     axes[0][0].set(ylabel="accuracy", ylim=ACCURACY_YLIM)
-    attrib_axes(list(axes[1]), [(cs, series) for _, cs in attribs], "Attrib (last layer's input)")
+    attrib_axes(list(axes[1]) + list(axes[2]), [(cs, series) for cs in attribs],
+                "Attrib (last layer's input)")
     legend(axes[0][-1], GEN_SERIES, "paper (one seed, the rate\nof its best dev accuracy)")
-    legend(axes[1][-1], series)
+    legend(axes[2][-1], series)
     fig.suptitle(f"ATR generalisation: {rs[0]['held_out']:.0%} of the (parent, query) label "
                  "pairs held out of training and asked only by the test documents (ATR easy)")
     return save(fig, out_dir, "atr_gen.png", [
@@ -1473,9 +1477,9 @@ def atr_gen(records: list, out_dir: str) -> list:
         scale_note(rs), filter_note(best),
         paper_note("atr_gen.pdf, §5.3", f"its one seed at d = {span(r['d_model'] for r in rs)}, "
                    "2 layers, at the learning rate of its best dev accuracy", accuracy),
-        "Attribs (bottom): the main setting (Key corrupted) on the test documents only; mech.py "
-        "does not analyse the dev documents yet, so the dev half of the paper's atr_gen_box.pdf "
-        "is not drawn, and the paper gives no numbers for it (no x)."])
+        "Attribs (middle, bottom): the main setting (Key corrupted) on the dev and on the test "
+        "documents, each row filtered on its own documents' effect; the paper's atr_gen_box.pdf "
+        "gives no numbers for them (no x)."])
 
 
 # ── the mechanism while it forms (curves of the runs watched while they trained) ─────────────────

@@ -351,6 +351,10 @@ def test_train_with_held_out_pairs(tmp_path):
     assert all(task.held_out[p] for p in pairs)
     analysis = mech.analyse(model, cfg)
     assert analysis["main"].keys() >= {"key", "value", "query"}
+    # analyse_run adds the same analysis on the dev documents (§5.3 compares the two)
+    m = mech.analyse_run(str(tmp_path / "run"), model, cfg, log=lambda *a: None)
+    assert m["interventions"] == analysis
+    assert m["interventions_dev"] == mech.analyse(model, cfg, "dev") != analysis
 
 
 def test_length_buckets():
