@@ -8,7 +8,7 @@ models" (arXiv 2505.15105). This script runs the paper's sweeps of such runs, ea
     python figures/experiments.py --sweep ar-dconv --steps 2000   # mech.py flags apply to every run
     python figures/experiments.py --sweep ar-main --scale paper --print-commands > jobs.txt
     python figures/experiments.py --collect sweeps/   # sweeps/results.json, summary.md, figures/
-    python figures/experiments.py --collect figures/runs --figures-dir figures  # committed
+    python figures/experiments.py --collect figures/runs/cpu_preset --figures-dir figures  # committed
 
 A sweep is a list of runs and a run is a list of mech.py's flags, so a sweep runs here in parallel
 processes (--jobs), or anywhere else from the commands it prints (--print-commands, to be run from
@@ -1581,7 +1581,7 @@ def mechanism_dynamics(records: list, out_dir: str) -> list:
         "Attribs are drawn where the Key matters (p_clean − p_corrupted ≥ 0.01 on AR, ≥ 0.1 on "
         "ATR, the paper's filters); before that they are noise. The verdict's Attrib is the one "
         "the run's final analysis names (@Value: induction, @Query: retrieval at the last "
-        "position). Which comes first, in steps: runs/summary.md.", scale_note(runs)])
+        "position). Which comes first, in steps: runs/cpu_preset/summary.md.", scale_note(runs)])
 
 
 FIGURES = (ar_accuracy, ar_mechanism, mamba_dconv, mamba_conv_restored, based_conv, ar_layers,
