@@ -882,10 +882,12 @@ def scale_note(runs: list) -> str:
     lr = (f"one learning rate per model, {lrs}" if max(map(len, models.values())) == 1
           else f"each seed at its best learning rate of {lrs}")
     steps = by_model(runs, lambda r: configuration(r)["steps"], "{:,}".format)
+    warmup = by_model(runs, lambda r: round(configuration(r)["steps"]
+                                            * configuration(r)["warmup_frac"]), "{:,}".format)
     presets = " / ".join(sorted({r.get("preset") or DEFAULTS["preset"] for r in runs}))
     per_model = collections.Counter(config_key(r, ("seed",)) for r in runs).values()
     return (f"Ours: d = {span(r['d_model'] for r in runs)}, mech.py --preset {presets}, {steps} "
-            f"training steps, {lr}; {span(per_model)} seeds per model "
+            f"training steps ({warmup} of them warmup), {lr}; {span(per_model)} seeds per model "
             f"({span(r['seed'] for r in runs)}).")
 
 
