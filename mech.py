@@ -1103,9 +1103,9 @@ def verdict(rows: list, n_layer: int) -> str:
 def dominant(a: dict) -> str | None:
     """The position (key, value or query) whose Attrib names the mechanism, if one does: it is
     at least VERDICT_DOMINANT and the other two at most 1 - VERDICT_DOMINANT."""
-    top = max(("key", "value", "query"), key=lambda p: a[p])
-    others = [a[p] for p in ("key", "value", "query") if p != top]
-    return top if a[top] >= VERDICT_DOMINANT and max(others) <= 1 - VERDICT_DOMINANT else None
+    a = {p: 0.0 if math.isnan(a[p]) else a[p] for p in ("key", "value", "query")}  # NaN: no effect
+    top, second, _ = sorted(a, key=a.get, reverse=True)  # where distinct (sibling self-pairs)
+    return top if a[top] >= VERDICT_DOMINANT and a[second] <= 1 - VERDICT_DOMINANT else None
 
 
 def mechanism_report(rows: list, n_layer: int) -> str:  # the printed table of Attrib, Key corrupted

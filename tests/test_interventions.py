@@ -540,6 +540,12 @@ def test_verdict_names_the_dominant_position(n_layer):
     m = V(query=0.55, key=0.45, value=0.0)
     assert m.startswith("mixed") and "Attrib@Query 0.55" in m and "Attrib@Key 0.45" in m and "Attrib@Value 0.00" in m
     assert V(value=0.5, query=0.5).startswith("mixed")
+    # an undefined Attrib (no effect on the documents where Key / Value are distinct, as in a sibling
+    # task whose Key is its Value in 68 % of documents) names nothing and lets the others decide
+    nan = float("nan")
+    assert V(query=1.0, value=nan, key=nan).startswith("direct retrieval at the last position")
+    assert V(value=nan, key=nan, query=0.5).startswith("mixed")
+    assert mech.dominant(dict(key=nan, value=nan, query=nan)) is None
 
 
 def test_verdict_of_a_deep_model_reads_the_first_layer_past_the_key():
