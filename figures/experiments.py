@@ -887,7 +887,8 @@ def scale_note(runs: list) -> str:
     presets = " / ".join(sorted({r.get("preset") or DEFAULTS["preset"] for r in runs}))
     per_model = collections.Counter(config_key(r, ("seed",)) for r in runs).values()
     return (f"Ours: d = {span(r['d_model'] for r in runs)}, mech.py --preset {presets}, {steps} "
-            f"training steps ({warmup} of them warmup), {lr}; {span(per_model)} seeds per model "
+            f"training steps ({warmup} of them warmup), {lr}; {span(per_model)} "
+            f"seed{'s' * (span(per_model) != '1')} per model "
             f"({span(r['seed'] for r in runs)}).")
 
 
@@ -1185,7 +1186,8 @@ def depth_panel(ax, rs: list, layers: list, paper) -> tuple:
                       tuple(paper_accuracy(paper(a, n), rs)[0] for n in layers))
                for a in archs_of(rs)]
     strip_panel(ax, columns, series)
-    ax.set(xlabel=f"architecture (slots: {', '.join(map(str, layers))} layers)",
+    ax.set(xlabel=f"architecture (slots: {', '.join(map(str, layers))} "
+                  f"layer{'s' * (list(layers) != [1])})",
            ylabel="test accuracy", ylim=ACCURACY_YLIM)
     return columns, series
 
