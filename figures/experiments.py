@@ -911,12 +911,14 @@ def span(values) -> str:
     return f"{values[0]}" if len(values) == 1 else f"{values[0]}-{values[-1]}"
 
 
-def filter_note(runs: list) -> str:
-    """The filter the mechanism panels apply, and how many of the runs pass it."""
+def filter_note(runs: list, readings=(("", lambda runs: runs),)) -> str:
+    """The filter the mechanism panels apply, and how many of the runs pass it; readings: (name,
+    runs -> the records read) per set of documents the panels read, e.g. dev and test."""
     rule = ", ".join(f"≥ {MIN_EFFECT[t]} on {t.upper()}" for t in sorted({r["task"] for r in runs}))
+    passed = "; ".join(f"{name}{sum(map(reacts, read(runs)))} of {len(runs)} runs pass"
+                       for name, read in readings)
     return (f"Attribs only of the runs whose answer reacts to corrupting the Key: p_clean − "
-            f"p_corrupted {rule} (the paper's filter); {sum(map(reacts, runs))} of {len(runs)} "
-            "runs pass.")
+            f"p_corrupted {rule} (the paper's filter); {passed}.")
 
 
 MEDIANS_NOTE = "the median over its runs that pass the filter (all its widths and learning rates)"
@@ -1455,6 +1457,7 @@ def atr_gen(records: list, out_dir: str) -> list:
                              squeeze=False, sharey="row")
     series, accuracy, attribs, best = position_series("attrib"), [], [], []
     on_dev = lambda runs: [r | r["dev"] for r in runs if "dev" in r]  # the dev reading, same keys
+    readings = (("dev documents: ", on_dev), ("test documents: ", lambda runs: runs))
     for top, middle, bottom, n in zip(*axes, layers):
         runs = best_runs([r for r in rs if r["n_layer"] == n])  # by dev accuracy (best_over_lr)
         archs = archs_of(runs)
@@ -1462,10 +1465,10 @@ def atr_gen(records: list, out_dir: str) -> list:
                                            for a in archs]))
         strip_panel(top, accuracy[-1][1], GEN_SERIES)
         top.set_title(f"{layers_label(n)}: accuracy", fontsize=9)
-        for ax, docs, read in ((middle, "dev", on_dev), (bottom, "test", lambda runs: runs)):
+        for ax, (docs, read) in zip((middle, bottom), readings):
             attribs.append([mechanism_column(a, read(of_arch(runs, a)), ()) for a in archs])
             strip_panel(ax, attribs[-1], series)
-            ax.set_title(f"{layers_label(n)}: mechanism on {docs} documents", fontsize=9)
+            ax.set_title(f"{layers_label(n)}: mechanism on {docs[:-2]}", fontsize=9)
         bottom.set(xlabel="architecture")
         best += runs
     axes[0][0].set(ylabel="accuracy", ylim=ACCURACY_YLIM)
@@ -1474,11 +1477,11 @@ def atr_gen(records: list, out_dir: str) -> list:
     legend(axes[0][-1], GEN_SERIES, "paper (one seed, the rate\nof its best dev accuracy)")
     legend(axes[2][-1], series)
     fig.suptitle(f"ATR generalisation: {rs[0]['held_out']:.0%} of the (parent, query) label "
-                 "pairs held out of training and asked only by the test documents (ATR easy)")
+                 "pairs held out of training\nand asked only by the test documents (ATR easy)")
     return save(fig, out_dir, "atr_gen.png", [
         MARKS, "Each seed at the learning rate of its best dev accuracy (documents asking the "
         "training's label pairs), as the paper chooses it; test: documents asking held-out pairs.",
-        scale_note(rs), filter_note(best),
+        scale_note(rs), filter_note(best, readings),
         paper_note("atr_gen.pdf, §5.3", f"its one seed at d = {span(r['d_model'] for r in rs)}, "
                    "2 layers, at the learning rate of its best dev accuracy", accuracy),
         "Attribs (middle, bottom): the main setting (Key corrupted) on the dev and on the test "
