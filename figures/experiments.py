@@ -1384,11 +1384,12 @@ def pos_embed(records: list, out_dir: str) -> list:
         return []
     fig, axes = stacked_panels(len(settings))
     panels, drawn = [], []  # (setting, its columns); the runs of the panels
+    archs = archs_of([r for r in rs if pe_setting(r) in settings])  # the panels share columns
     for ax, s in zip(axes, settings):
         runs = [r for r in rs if pe_setting(r) == s]
         columns = [Column(a, best_runs(of_arch(runs, a)),
                           tuple(paper_accuracy(PAPER["pos_embed"].get((s, a, pe)), runs)[0]
-                                for pe in ("PE", "NoPE"))) for a in archs_of(runs)]
+                                for pe in ("PE", "NoPE"))) for a in archs]
         strip_panel(ax, columns, PE_SERIES)
         ax.set(ylabel="test accuracy", ylim=ACCURACY_YLIM)
         ax.set_title("AR" if s == "ar" else setting_title(s), fontsize=9)

@@ -584,6 +584,20 @@ def test_the_other_findings_are_drawn_from_their_runs_only(tmp_path):
     assert f"dev: {len(gen) - 1} of {len(gen)} runs pass; test: {len(gen)} of {len(gen)}" in note
 
 
+def test_panels_that_share_their_columns_give_each_architecture_the_same_column(tmp_path,
+                                                                                 monkeypatch):
+    """pos_embed's panels share x: a setting without some architecture's runs keeps its column
+    (empty), or the columns of the panels below would be drawn under the wrong names."""
+    main_runs(tmp_path)
+    finding_run(tmp_path, "pe_ar_mamba", 0.3, arch="mamba", pos_emb=True)  # AR only
+    finding_run(tmp_path, "pe_atr_based", 0.7, task="atr", arch="based", pos_emb=True)  # ATR only
+    labels = []
+    monkeypatch.setattr(experiments, "strip_panel",
+                        lambda ax, columns, series: labels.append([c.label for c in columns]))
+    experiments.pos_embed(experiments.collect(str(tmp_path)), str(tmp_path))
+    assert labels == [["attention", "based", "mamba"]] * 2  # the AR and the ATR easy panel
+
+
 def test_the_main_figures_leave_the_other_findings_runs_out(tmp_path):
     finding_runs(tmp_path)
     records = experiments.collect(str(tmp_path))
