@@ -1200,11 +1200,16 @@ def dashed(ax, y: float, label: str) -> Line2D:
     return Line2D([], [], color="grey", ls="--", lw=1, label=label)
 
 
-def no_based_note(columns: list, series: list, sweep: str) -> list:
-    """The caption's word on the empty slots of a depth figure: the 1-layer Based, never run."""
-    gaps = [c.label for c in columns for s in series if not any(map(s.keep, c.runs))]
-    return [f"\"not run\" ({', '.join(gaps)}): the sweep {sweep} runs no 1-layer Based, whose "
-            "one layer would be its BaseConv layer (the 1-layer BaseConv)."] if gaps else []
+def not_run_note(columns: list, series: list, sweep: str) -> list:
+    """The caption's word on the empty slots of a depth figure: the 1-layer Based, never run, and
+    any other (a sweep still running)."""
+    gaps = [f"{c.label}, {s.label}" for c in columns for s in series
+            if not any(map(s.keep, c.runs))]
+    never = f"based, {layers_label(1)}"
+    return ([f"\"not run\" ({never}): the sweep {sweep} runs no 1-layer Based, whose one layer "
+             "would be its BaseConv layer (the 1-layer BaseConv)."] if never in gaps else []) + (
+        [f"\"not run\" ({'; '.join(g for g in gaps if g != never)}): not among the runs collected "
+         f"(yet: see the report for the sweep {sweep}'s progress)."] if set(gaps) - {never} else [])
 
 
 def depth_figure(rs: list, paper, out_dir: str, name: str, title: str, source: str, sweep: str,
@@ -1218,7 +1223,7 @@ def depth_figure(rs: list, paper, out_dir: str, name: str, title: str, source: s
     fig.suptitle(title)
     return save(fig, out_dir, name, [MARKS, scale_note(rs),
                                      paper_note(source, paper_best(rs), [("", columns)])]
-                + no_based_note(columns, series, sweep) + ([line[2]] if line else []))
+                + not_run_note(columns, series, sweep) + ([line[2]] if line else []))
 
 
 def ar_layers(records: list, out_dir: str) -> list:

@@ -261,6 +261,19 @@ def test_depth_figures_and_the_per_layer_attribution(tmp_path):
     assert ("ar_layers_attrib.png" in figures) == any(r["effect"] >= 0.01 for r in records)
 
 
+def test_a_depth_figure_says_why_each_slot_is_empty():
+    """The 1-layer Based is never run (its one layer would be BaseConv's); any other empty slot is
+    a run not collected (a sweep still running), not put down to Based."""
+    series = [experiments.Series(experiments.layers_label(n), "C0", "o", lambda r: r["accuracy"],
+                                 keep=lambda r, n=n: r["n_layer"] == n) for n in (1, 2)]
+    column = lambda arch, *depths: experiments.Column(arch, [dict(n_layer=n) for n in depths])
+    note = experiments.not_run_note([column("based", 2), column("mamba", 1, 2)], series, "s")
+    assert len(note) == 1 and "(based, 1 layer)" in note[0] and "no 1-layer Based" in note[0]
+    note = experiments.not_run_note([column("based", 2), column("mamba", 1)], series, "s")
+    assert len(note) == 2 and "(mamba, 2 layers): not among the runs collected" in note[1]
+    assert experiments.not_run_note([column("mamba", 1, 2)], series, "s") == []
+
+
 def test_best_over_lr_picks_the_best_run_per_seed():
     recs = [dict(arch="a", d_model=64, seed=s, lr=lr, accuracy=acc, dev_accuracy=None)
             for s, lr, acc in ((1, 1e-3, 0.5), (1, 3e-3, 0.9), (2, 1e-3, 0.7), (2, 3e-3, 0.2))]
