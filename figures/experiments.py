@@ -915,8 +915,8 @@ def filter_note(runs: list, readings=(("", lambda runs: runs),)) -> str:
     """The filter the mechanism panels apply, and how many of the runs pass it; readings: (name,
     runs -> the records read) per set of documents the panels read, e.g. dev and test."""
     rule = ", ".join(f"≥ {MIN_EFFECT[t]} on {t.upper()}" for t in sorted({r["task"] for r in runs}))
-    passed = "; ".join(f"{name}{sum(map(reacts, read(runs)))} of {len(runs)} runs pass"
-                       for name, read in readings)
+    passed = "; ".join(f"{name + ': ' if name else ''}{sum(map(reacts, read(runs)))} of "
+                       f"{len(runs)} runs pass" for name, read in readings)
     return (f"Attribs only of the runs whose answer reacts to corrupting the Key: p_clean − "
             f"p_corrupted {rule} (the paper's filter); {passed}.")
 
@@ -1463,7 +1463,7 @@ def atr_gen(records: list, out_dir: str) -> list:
                              squeeze=False, sharey="row")
     series, accuracy, attribs, best = position_series("attrib"), [], [], []
     on_dev = lambda runs: [r | r["dev"] for r in runs if "dev" in r]  # the dev reading, same keys
-    readings = (("dev documents: ", on_dev), ("test documents: ", lambda runs: runs))
+    readings = (("dev documents", on_dev), ("test documents", lambda runs: runs))
     for top, middle, bottom, n in zip(*axes, layers):
         runs = best_runs([r for r in rs if r["n_layer"] == n])  # by dev accuracy (best_over_lr)
         archs = archs_of(runs)
@@ -1474,7 +1474,7 @@ def atr_gen(records: list, out_dir: str) -> list:
         for ax, (docs, read) in zip((middle, bottom), readings):
             attribs.append([mechanism_column(a, read(of_arch(runs, a)), ()) for a in archs])
             strip_panel(ax, attribs[-1], series)
-            ax.set_title(f"{layers_label(n)}: mechanism on {docs[:-2]}", fontsize=9)
+            ax.set_title(f"{layers_label(n)}: mechanism on {docs}", fontsize=9)
         bottom.set(xlabel="architecture")
         best += runs
     axes[0][0].set(ylabel="accuracy", ylim=ACCURACY_YLIM)

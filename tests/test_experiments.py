@@ -593,7 +593,7 @@ def test_the_other_findings_are_drawn_from_their_runs_only(tmp_path):
                and r["dev"]["attrib"]["value"] == 0 for r in gen)
     # the caption counts the runs past the filter on each set of documents the panels read
     on_dev = [r | r["dev"] | dict(effect=0.0) for r in gen[:1]] + gen[1:]  # one fails on dev
-    note = experiments.filter_note(gen, (("dev: ", lambda runs: on_dev), ("test: ", list)))
+    note = experiments.filter_note(gen, (("dev", lambda runs: on_dev), ("test", list)))
     assert f"dev: {len(gen) - 1} of {len(gen)} runs pass; test: {len(gen)} of {len(gen)}" in note
 
 
