@@ -1207,13 +1207,13 @@ def dynamics_series(points: list, main: str, min_effect: float) -> dict:
 
 def moments(curve: list, name: str | None, min_effect: float) -> dict:
     """The steps where the mechanism forms (the first evaluation where the Key matters and the
-    watched Attrib `name`, the verdict's, passes 0.5) and where accuracy rises (passes halfway from
-    its first evaluation to its last: on AR, half its final; ATR starts near a copy baseline)."""
+    watched Attrib `name`, the verdict's, passes 0.5) and where accuracy rises (halfway from its
+    first evaluation to a higher last one; ATR starts near a copy baseline); None if never."""
     points = [p for p in curve if "attrib" in p]
     formed = (p["step"] for p in points if name and p["attrib"]["effect"] >= min_effect
               and watched(p, name) >= 0.5)
     half = (points[0]["accuracy"] + points[-1]["accuracy"]) / 2
-    rises = (p["step"] for p in points if p["accuracy"] >= half)
+    rises = (p["step"] for p in points if p["accuracy"] >= half > points[0]["accuracy"])
     return dict(mechanism=next(formed, None), accuracy=next(rises, None))
 
 

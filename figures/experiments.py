@@ -1513,7 +1513,7 @@ def watched_runs(records: list) -> list:
                        and main_variant(r) and not r["long_conv"]
                        and all(r.get(k) == v for k, v in match.items())])
               for title, match in DYNAMICS]
-    return [(title, sorted(rs, key=lambda r: r["seed"])) for title, rs in panels if rs]
+    return [(title, sorted(rs, key=lambda r: (r["seed"], r["lr"]))) for title, rs in panels if rs]
 
 
 def followed(r: dict) -> list:
@@ -1532,22 +1532,22 @@ def moments_of(r: dict, name: str | None) -> dict:
 def dynamics_table(records: list) -> str:
     """Markdown: per watched run and Attrib, the step it passes 0.5 and the step accuracy passes
     halfway from its first evaluation to its final value (mech.moments), and which comes first."""
-    lines = ["| model | seed | Attrib | passes 0.5 at | accuracy passes halfway at | "
-             "first |", "|---|---:|---|---:|---:|---|"]
+    lines = ["| model | seed | lr | Attrib | passes 0.5 at | accuracy passes halfway at | "
+             "first |", "|---|---:|---:|---|---:|---:|---|"]
     for title, rs in watched_runs(records):
         for r in rs:
+            run = f"| {title.split(' (')[0]} | {r['seed']} | {r['lr']:g} |"
             if not followed(r):  # its final analysis names no position: nothing to follow
-                lines.append(f"| {title.split(' (')[0]} | {r['seed']} | none (the final verdict "
-                             f"names no position) | - | - | - |")
+                lines.append(f"{run} none (the final verdict names no position) | - | - | - |")
             for name in followed(r):
                 m = moments_of(r, name)
-                first = ("-" if m["mechanism"] is None else "together"
+                first = ("-" if None in m.values() else "together"
                          if m["mechanism"] == m["accuracy"] else
                          f"mechanism, by {m['accuracy'] - m['mechanism']:,} steps"
                          if m["mechanism"] < m["accuracy"]
                          else f"accuracy, by {m['mechanism'] - m['accuracy']:,} steps")
-                lines.append(f"| {title.split(' (')[0]} | {r['seed']} | {name} | "
-                             f"{m['mechanism'] or 'never'} | {m['accuracy']} | {first} |")
+                lines.append(f"{run} {name} | {m['mechanism'] or 'never'} | "
+                             f"{m['accuracy'] or 'never'} | {first} |")
     return "\n".join(lines) if len(lines) > 2 else ""
 
 

@@ -99,3 +99,5 @@ def test_marks_the_moments_the_mechanism_forms_and_the_accuracy_rises():
     assert mech.moments(curve, "value", 0.1) == dict(mechanism=300, accuracy=400)
     assert mech.moments(curve, "value", 0.001) == dict(mechanism=100, accuracy=400)
     assert mech.moments(curve, None, 0.1) == dict(mechanism=None, accuracy=400)
+    flat = [dict(p, accuracy=0.0) for p in curve]  # never learned: accuracy never rises
+    assert mech.moments(flat, "value", 0.1) == dict(mechanism=300, accuracy=None)

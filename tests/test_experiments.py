@@ -499,9 +499,14 @@ def test_the_dynamics_table_says_what_comes_first(tmp_path):
     assert all([p["step"] for p in r["dynamics"]] == [100, 200, 300, 400] for r in records)
     rows = [line.split(" | ") for line in experiments.dynamics_table(records).splitlines()[2:]]
     # the 0.9 at step 100 does not count: the Key did not matter yet (effect below the filter)
-    assert [(r[1], r[2], r[3], r[4], r[5]) for r in rows] == [
+    assert [(r[1], r[3], r[4], r[5], r[6]) for r in rows] == [
         ("42", "value", "200", "300", "mechanism, by 100 steps |"),
         ("43", "value", "400", "300", "accuracy, by 100 steps |")]
+    # a run that never learns has no moment its accuracy rises (not its first evaluation's step)
+    watched_run(tmp_path / "c", 44, {100: 0.0, 200: 0.7, 300: 0.7, 400: 0.7}, dict.fromkeys(acc, 0))
+    rows = [line.split(" | ") for line in
+            experiments.dynamics_table(experiments.collect(str(tmp_path))).splitlines()[2:]]
+    assert [(r[1], r[4], r[5], r[6]) for r in rows if r[1] == "44"] == [("44", "200", "never", "- |")]
     os.makedirs(tmp_path / "figs")
     assert experiments.mechanism_dynamics(records, str(tmp_path / "figs")) == [
         str(tmp_path / "figs" / "mechanism_dynamics.png")]
