@@ -152,6 +152,17 @@ def test_config_is_what_the_command_line_trains(arch, task):
     assert (paper.schedule, paper.lr, paper.fresh_data, paper.bucket) == ("cosine", 1e-3, False, 0)
 
 
+def test_based_with_a_position_embedding_gets_its_own_rate_on_ar_only():
+    """The CPU preset gives Based with PE on AR 3e-4 (at 1e-3 it memorises); --lr still wins, and
+    Based without PE, or on ATR, or under the paper preset keeps 1e-3."""
+    parse = lambda *a: mech.config_from_args(mech.build_parser().parse_args(list(a)))
+    assert parse("--arch", "based", "--task", "ar", "--pos-emb").lr == 3e-4
+    assert parse("--arch", "based", "--task", "ar", "--pos-emb", "--lr", "1e-3").lr == 1e-3
+    assert parse("--arch", "based", "--task", "ar").lr == 1e-3
+    assert parse("--arch", "based", "--task", "atr", "--pos-emb").lr == 1e-3
+    assert parse("--arch", "based", "--task", "ar", "--pos-emb", "--preset", "paper").lr == 1e-3
+
+
 def test_an_explicit_length_wins_over_the_presets():
     assert mech.Config(arch="attention", epochs=1, n_train=64).total_steps == 2
     assert mech.Config(arch="attention", preset="paper", steps=7).total_steps == 7
