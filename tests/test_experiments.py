@@ -652,3 +652,7 @@ def test_the_papers_numbers_cover_every_model_the_other_findings_draw():
     for v in filter(None, values):  # by width; None: a point missing from the paper's figure
         assert len(v) == widths and all(x is None or 0 <= x <= 1 for x in v)
     assert paper["pos_embed"]["ar", "mamba", "PE"][2] == 0.522
+    # atr_gen_box.pdf's medians: dev and test for each model atr_gen.pdf has, keyed as SHOWN
+    gen = {a for a, v in paper["atr_gen"].items() if v}
+    assert set(paper["atr_gen_mechanism"]) == {(d, a) for d in ("dev", "test") for a in gen}
+    assert all(set(v) == set(experiments.SHOWN) for v in paper["atr_gen_mechanism"].values())
