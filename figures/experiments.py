@@ -890,12 +890,22 @@ def stacked_panels(n: int, width: float = 10, height: float = 2.6):
 
 def scale_note(runs: list) -> str:
     """Our scale: width, preset, training steps, learning rates and seeds of the runs."""
-    models = {}  # configuration but seed and lr -> its learning rates
+    rate, fmt = (lambda r: r["lr"]), "{:g}".format
+    models, seeds = {}, {}  # configuration but seed and lr (and seed) -> its learning rates
     for r in runs:
         models.setdefault(config_key(r, ("seed", "lr")), set()).add(r["lr"])
-    lrs = by_model(runs, lambda r: r["lr"], "{:g}".format)
-    lr = (f"one learning rate per model, {lrs}" if max(map(len, models.values())) == 1
-          else f"each seed at its best learning rate of {lrs}")
+        seeds.setdefault((config_key(r, ("seed", "lr")), r["seed"]), set()).add(r["lr"])
+    if max(map(len, models.values())) == 1:
+        lr = f"one learning rate per model, {by_model(runs, rate, fmt)}"
+    else:  # the rates tried, then the one each seed kept
+        grids = {tuple(sorted(rates)) for rates in models.values()}
+        tried = ", ".join(map(fmt, grids.pop())) if len(grids) == 1 else by_model(runs, rate, fmt)
+        lr = (f"each seed at its best of the learning rates {tried} (kept: "
+              f"{by_model(best_runs(runs), rate, fmt)})")
+        full = {s for (k, s), rates in seeds.items() if rates == models[k]}
+        if partial := {s for _, s in seeds} - full:
+            lr += (f"; seed{'s' * (len(partial) > 1)} {span(partial)} only at seed "
+                   f"{span(full)}'s kept rate")
     steps = by_model(runs, lambda r: configuration(r)["steps"], "{:,}".format)
     warmup = by_model(runs, lambda r: round(configuration(r)["steps"]
                                             * configuration(r)["warmup_frac"]), "{:,}".format)
