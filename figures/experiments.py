@@ -891,10 +891,11 @@ def stacked_panels(n: int, width: float = 10, height: float = 2.6):
 def scale_note(runs: list) -> str:
     """Our scale: width, preset, training steps, learning rates and seeds of the runs."""
     rate, fmt = (lambda r: r["lr"]), "{:g}".format
-    models, seeds = {}, {}  # configuration but seed and lr (and seed) -> its learning rates
+    seeds, models = {}, {}  # (configuration but seed and lr, seed) -> its learning rates
     for r in runs:
-        models.setdefault(config_key(r, ("seed", "lr")), set()).add(r["lr"])
         seeds.setdefault((config_key(r, ("seed", "lr")), r["seed"]), set()).add(r["lr"])
+    for (k, _), rates in seeds.items():  # configuration -> the rates of all its seeds
+        models[k] = models.get(k, set()) | rates
     if max(map(len, models.values())) == 1:
         lr = f"one learning rate per model, {by_model(runs, rate, fmt)}"
     else:  # the rates tried, then the one each seed kept

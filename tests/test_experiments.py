@@ -283,7 +283,6 @@ def test_best_over_lr_picks_the_best_run_per_seed():
     assert experiments.best_over_lr(recs, "arch")["a", 64][0]["accuracy"] == 0.5
 
 
-
 def test_the_caption_names_the_rates_tried_and_the_one_each_seed_kept():
     runs = [record(f"{a}{s}{lr}", acc, arch=a, task="atr", lr=lr, seed=s)
             for a, s, lr, acc in (("h3", 42, 1e-3, 0.5), ("h3", 42, 3e-3, 0.9), ("h3", 43, 3e-3, 0.8),
@@ -293,6 +292,7 @@ def test_the_caption_names_the_rates_tried_and_the_one_each_seed_kept():
     assert "; seed 43 only at seed 42's kept rate;" in note
     one = experiments.scale_note([r for r in runs if r["lr"] == 3e-3])
     assert "one learning rate per model, 0.003" in one and "kept" not in one
+
 
 # ── what a sweep counts as done, and how it stops ────────────────────────────────────────────
 
