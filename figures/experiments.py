@@ -344,6 +344,8 @@ def analysis(interventions: dict, n_layer: int) -> dict:
     key = {(r["site"], r["layer"], r["position"]): r for r in rows if r["corrupted"] == "key"}
     conv = {p: r for (site, layer, p), r in key.items() if (site, layer) == ("conv_output", 0)}
     return dict(attrib=mech.main_setting(rows, n_layer),
+                # deeper models: the second layer's input too, where a 2-layer model's last reads
+                attrib_second=mech.main_setting(rows, n_layer, 1) if n_layer > 2 else None,
                 effect=mech.key_effect(rows),  # over all documents
                 conv={p: r["attrib"] for p, r in conv.items()},
                 # how many documents each conv cell averages; None: an older analysis, over all
@@ -1490,6 +1492,9 @@ def atr_gen(records: list, out_dir: str) -> list:
     series, accuracy, attribs, boxes, best = position_series("attrib"), [], [], [], []
     on_dev = lambda runs: [r | r["dev"] for r in runs if "dev" in r]  # the dev reading, same keys
     readings = (("dev", on_dev), ("test", lambda runs: runs))
+    # past 2 layers the second layer's input: at the last one's, the induction models have already
+    # moved the answer to the Query, which would hide their induction
+    second = lambda runs, n: runs if n < 3 else [r | {"attrib": r["attrib_second"]} for r in runs]
     for top, middle, bottom, n in zip(*axes, layers):
         runs = best_runs([r for r in rs if r["n_layer"] == n])  # by dev accuracy (best_over_lr)
         archs = archs_of(runs)
@@ -1499,10 +1504,11 @@ def atr_gen(records: list, out_dir: str) -> list:
         top.set_title(f"{layers_label(n)}: accuracy", fontsize=9)
         for ax, (docs, read) in zip((middle, bottom), readings):
             paper = lambda a: PAPER["atr_gen_mechanism"].get((docs, a)) if n == 2 else None
-            attribs.append([mechanism_column(a, read(of_arch(runs, a)), by_position(paper(a)))
-                            for a in archs])
+            attribs.append([mechanism_column(a, second(read(of_arch(runs, a)), n),
+                                             by_position(paper(a))) for a in archs])
             strip_panel(ax, attribs[-1], series)
-            ax.set_title(f"{layers_label(n)}: mechanism on {docs} documents", fontsize=9)
+            ax.set_title(f"{layers_label(n)}: mechanism on {docs} documents"
+                         + (" (2nd layer's input)" if n > 2 else ""), fontsize=9)
             if n == 2:  # the paper's only held-out depth
                 boxes.append((docs, attribs[-1]))
         bottom.set(xlabel="architecture")
@@ -1510,6 +1516,8 @@ def atr_gen(records: list, out_dir: str) -> list:
     axes[0][0].set(ylabel="accuracy", ylim=ACCURACY_YLIM)
     attrib_axes(list(axes[1]) + list(axes[2]), [(cs, series) for cs in attribs],
                 "Attrib (last layer's input)")
+    for ax in list(axes[1][1:]) + list(axes[2][1:]):  # one label per row; titles name other inputs
+        ax.set_ylabel("")
     legend(axes[0][-1], GEN_SERIES, "paper (one seed, the rate\nof its best dev accuracy)")
     legend(axes[2][-1], series, "paper (2 layers: the median\nof all its runs, unfiltered)")
     fig.suptitle(f"ATR generalisation: {rs[0]['held_out']:.0%} of the (parent, query) label "
@@ -1521,7 +1529,9 @@ def atr_gen(records: list, out_dir: str) -> list:
         paper_note("atr_gen.pdf, §5.3", f"its one seed at d = {span(r['d_model'] for r in rs)}, "
                    "2 layers, at the learning rate of its best dev accuracy", accuracy),
         "Attribs (middle, bottom): the main setting (Key corrupted) on the dev and on the test "
-        "documents, each row filtered on its own documents' effect.",
+        "documents, each row filtered on its own documents' effect; past 2 layers at the second "
+        "layer's input (where a 2-layer model's last layer reads), since by the last layer's the "
+        "induction models have moved the answer to the Query.",
         paper_note("atr_gen_box.pdf, §5.3", "the median over all its 2-layer runs (all its "
                    "widths and learning rates), unfiltered; it trains no other depth held out",
                    boxes)])

@@ -613,6 +613,17 @@ def test_the_other_findings_are_drawn_from_their_runs_only(tmp_path):
     assert f"dev: {len(gen) - 1} of {len(gen)} runs pass; test: {len(gen)} of {len(gen)}" in note
 
 
+def test_deeper_held_out_runs_are_read_at_the_second_layers_input_too(tmp_path):
+    """Past 2 layers an induction model has moved the answer to the Query by the last layer's
+    input; atr_gen reads the second layer's input (block_input[1]) instead."""
+    fake_run(tmp_path / "deep", {("block_input", 1, "value"): 1.0,
+                                 ("block_input", 2, "query"): 1.0}, task="atr", n_layer=3)
+    fake_run(tmp_path / "two", {("block_input", 1, "value"): 1.0}, task="atr", n_layer=2)
+    deep, two = sorted(experiments.collect(str(tmp_path)), key=lambda r: r["n_layer"])[::-1]
+    assert deep["attrib"]["query"] == 1 and deep["attrib_second"]["value"] == 1
+    assert deep["attrib_second"]["query"] == 0 and two["attrib_second"] is None
+
+
 def test_panels_that_share_their_columns_give_each_architecture_the_same_column(tmp_path,
                                                                                  monkeypatch):
     """pos_embed's panels share x: a setting without some architecture's runs keeps its column
