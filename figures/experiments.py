@@ -25,6 +25,7 @@ import argparse
 import collections
 import contextlib
 import dataclasses
+import io
 import json
 import os
 import shlex
@@ -48,6 +49,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository, with mech.py
 sys.path.insert(0, ROOT)
 import mech  # noqa: E402
+from figures import plots  # noqa: E402
 
 # ─────────────────────────────────────────────────────────────────────────────────────────────
 # 1. Sweeps: the paper's runs, as mech.py command lines
@@ -787,7 +789,9 @@ def save(fig, out_dir: str, name: str, caption: list) -> list:
     fig.tight_layout(rect=(0, extra / (height + extra), 1, 1))
     fig.text(0.01, (extra - 0.1) / (height + extra), text, fontsize=8, va="top", ha="left")
     path = os.path.join(out_dir, name)
-    mech.atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    png = io.BytesIO()
+    fig.savefig(png, dpi=120, format="png")
+    mech.atomic_write(path, png.getvalue())
     plt.close(fig)
     return [path]
 
@@ -1567,13 +1571,13 @@ def followed(r: dict) -> list:
 
 
 def moments_of(r: dict, name: str | None) -> dict:
-    """mech.moments of a record's dynamics, for the Attrib `name` (None: the accuracy's only)."""
-    return mech.moments(r["dynamics"], name, MIN_EFFECT[r["task"]])
+    """plots.moments of a record's dynamics, for the Attrib `name` (None: the accuracy's only)."""
+    return plots.moments(r["dynamics"], name, MIN_EFFECT[r["task"]])
 
 
 def dynamics_table(records: list) -> str:
     """Markdown: per watched run and Attrib, the step it passes 0.5 and the step accuracy passes
-    halfway from its first evaluation to its final value (mech.moments), and which comes first."""
+    halfway from its first evaluation to its final value (plots.moments), and which comes first."""
     lines = ["| model | seed | lr | Attrib | passes 0.5 at | accuracy passes halfway at | "
              "first |", "|---|---:|---:|---|---:|---:|---|"]
     for title, rs in watched_runs(records):
@@ -1607,7 +1611,7 @@ def mechanism_dynamics(records: list, out_dir: str) -> list:
             steps, accuracy = [p["step"] for p in points], [p["accuracy"] for p in points]
             ax.plot(steps, accuracy, color="k", ls=ls, lw=1.2)
             for name, color in zip(followed(r), ("C3", "C4")):
-                ys = [mech.watched(p, name) if p["attrib"]["effect"] >= gate else np.nan
+                ys = [plots.watched(p, name) if p["attrib"]["effect"] >= gate else np.nan
                       for p in points]
                 ax.plot(steps, ys, color=color, ls=ls, lw=1.5)
                 if (formed := moments_of(r, name)["mechanism"]) is not None:
@@ -1761,7 +1765,7 @@ def collect_and_draw(root: str, figures_dir: str, parser: Parser) -> list:
     records = collect(root)
     mech.write_json(os.path.join(root, "results.json"), records)
     table = "\n\n".join(filter(None, (summary_table(records), dynamics_table(records))))
-    mech.write_text(os.path.join(root, "summary.md"), table + "\n")
+    mech.atomic_write(os.path.join(root, "summary.md"), table + "\n")
     paths = plot_figures(records, figures_dir)
     print(f"{table}\n\n{len(records)} runs collected into {os.path.join(root, 'results.json')} "
           f"(table: {os.path.join(root, 'summary.md')}); figures: {', '.join(paths) or 'none'}")

@@ -1,11 +1,42 @@
 """The figures of one run folder, drawn by mech.py after its analysis: mechanism.png (the Attrib
-table as heat maps) and dynamics.png (the mechanism while the model trains). Drawing only: what
-they show is computed in mech.py (section 6), and each function hands its figure to `save`."""
+table as heat maps) and dynamics.png (the mechanism while the model trains, with the moments it
+forms and the accuracy rises). The Attribs are computed in mech.py (section 6); each drawing
+function hands its figure to `save`."""
+import io
+import math
+
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no window
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+
+
+def watched(point: dict, name: str) -> float:
+    """A curve point's watched Attrib: a main position ("value") or a cell's name."""
+    a = point["attrib"]
+    return a["main"][name] if name in a["main"] else a["cells"][name]
+
+
+def dynamics_series(points: list, main: str, min_effect: float) -> dict:
+    """{label: the watched Attrib at each point}, NaN where the Key does not matter (its effect is
+    below min_effect: that Attrib is noise)."""
+    a = points[0]["attrib"]
+    return {f"{main} @{n}" if n in a["main"] else n:
+            [watched(p, n) if p["attrib"]["effect"] >= min_effect else math.nan
+             for p in points] for n in [*a["main"], *a["cells"]]}
+
+
+def moments(curve: list, name: str | None, min_effect: float) -> dict:
+    """The steps where the mechanism forms (the first evaluation where the Key matters and the
+    watched Attrib `name`, the verdict's, passes 0.5) and where accuracy rises (halfway from its
+    first evaluation to a higher last one; ATR starts near a copy baseline); None if never."""
+    points = [p for p in curve if "attrib" in p]
+    formed = (p["step"] for p in points if name and p["attrib"]["effect"] >= min_effect
+              and watched(p, name) >= 0.5)
+    half = (points[0]["accuracy"] + points[-1]["accuracy"]) / 2
+    rises = (p["step"] for p in points if p["accuracy"] >= half > points[0]["accuracy"])
+    return dict(mechanism=next(formed, None), accuracy=next(rises, None))
 
 
 def finish(fig, save) -> None:
@@ -40,7 +71,7 @@ def dynamics(points: list, series: dict, when: dict, name: str | None, min_effec
              title: str, save) -> None:
     """Above, test accuracy and loss; below, on the same steps, the watched Attribs (series: label
     -> values, NaN where the Key does not matter). Dotted lines: when the mechanism forms (red,
-    the verdict's Attrib `name` passes 0.5) and when accuracy rises (black; mech.moments)."""
+    the verdict's Attrib `name` passes 0.5) and when accuracy rises (black; moments)."""
     steps = [p["step"] for p in points]
     fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(8, 6))
     top.plot(steps, [p["accuracy"] for p in points], "k-")
@@ -64,3 +95,24 @@ def dynamics(points: list, series: dict, when: dict, name: str | None, min_effec
                  f"its final at step {when['accuracy']} (black dotted)\nAttribs drawn where the Key "
                  f"matters (p_clean - p_corrupted >= {min_effect})", fontsize=8)
     finish(fig, save)
+
+
+def run_figures(rows: list, curve: list, name: str | None, main: str, min_effect: float,
+                positions: tuple, title: str) -> list:
+    """[(file name, PNG bytes)] of a run: mechanism.png, and dynamics.png if it was watched while
+    it trained. name: the verdict's position (None: no mechanism); main: the verdict's site."""
+    pngs = []
+
+    def save(file):
+        def to_bytes(fig):
+            buffer = io.BytesIO()
+            fig.savefig(buffer, dpi=120, format="png")
+            pngs.append((file, buffer.getvalue()))
+        return to_bytes
+
+    mechanism(rows, positions, title, save("mechanism.png"))
+    points = [p for p in curve if "attrib" in p]  # none with --no-dynamics
+    if points:
+        dynamics(points, dynamics_series(points, main, min_effect),
+                 moments(points, name, min_effect), name, min_effect, title, save("dynamics.png"))
+    return pngs

@@ -268,7 +268,8 @@ def test_fresh_data(tiny_run, tmp_path, monkeypatch):
             batches.append(ex.ids)
         return ex
     monkeypatch.setattr(mech.AR, "sample", recording_sample)
-    fresh = run_main([*TINY, "--fresh-data", "--out", str(tmp_path / "fresh")])
+    no_training_set = [a for a in TINY if a not in ("--n-train", "256")]  # --n-train: refused
+    fresh = run_main([*no_training_set, "--fresh-data", "--out", str(tmp_path / "fresh")])
     batches = batches[1:]  # drop the test set
     assert len(batches) == 30  # one new batch per step, no fixed training set
     assert len({tuple(b.flatten().tolist()) for b in batches}) == 30
@@ -306,14 +307,14 @@ def test_interrupted_run_resumes_exactly(tmp_path, single_thread):
             progress.append(msg)
             if len(progress) == 2:
                 raise KeyboardInterrupt
-    with pytest.raises(KeyboardInterrupt):  # a checkpoint at every evaluation, written before its line
+    with pytest.raises(KeyboardInterrupt):  # checkpoint_every_s=0: a checkpoint before every step
         mech.train(cfg, str(out), device="cpu", log=interrupt_on_second_progress_line, checkpoint_every_s=0)
     assert os.path.exists(out / "checkpoint.pt") and not os.path.exists(out / "metrics.json")
-    assert torch.load(out / "checkpoint.pt")["step"] == 20
+    assert torch.load(out / "checkpoint.pt")["step"] == 19  # the last one before the crash at 20
 
     lines = []
     _, resumed = mech.train(cfg, str(out), device="cpu", log=lines.append)
-    assert any(line.startswith("resuming") and "step 20" in line for line in lines), lines
+    assert any(line.startswith("resuming") and "step 19" in line for line in lines), lines
     assert not os.path.exists(out / "checkpoint.pt")
     assert [p["step"] for p in resumed["curve"]] == [10, 20, 30, 40]
     assert resumed["accuracy"] == full["accuracy"]

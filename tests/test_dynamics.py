@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import mech
+from figures import plots
 
 TINY = dict(d_model=16, num_kv=64, n_train=256, steps=30, eval_every=10, n_eval=32)
 
@@ -96,8 +97,8 @@ def test_marks_the_moments_the_mechanism_forms_and_the_accuracy_rises():
              for s, a, e, v in ((100, 0.0, 0.001, 0.9),   # no effect yet: the 0.9 is noise
                                 (200, 0.1, 0.3, 0.2), (300, 0.3, 0.5, 0.7), (400, 0.6, 0.8, 1.0),
                                 (500, 0.9, 0.9, 1.0))]
-    assert mech.moments(curve, "value", 0.1) == dict(mechanism=300, accuracy=400)
-    assert mech.moments(curve, "value", 0.001) == dict(mechanism=100, accuracy=400)
-    assert mech.moments(curve, None, 0.1) == dict(mechanism=None, accuracy=400)
+    assert plots.moments(curve, "value", 0.1) == dict(mechanism=300, accuracy=400)
+    assert plots.moments(curve, "value", 0.001) == dict(mechanism=100, accuracy=400)
+    assert plots.moments(curve, None, 0.1) == dict(mechanism=None, accuracy=400)
     flat = [dict(p, accuracy=0.0) for p in curve]  # never learned: accuracy never rises
-    assert mech.moments(flat, "value", 0.1) == dict(mechanism=300, accuracy=None)
+    assert plots.moments(flat, "value", 0.1) == dict(mechanism=300, accuracy=None)
