@@ -4,7 +4,8 @@
 Tolerances follow upstream mamba-ssm's tests/ops/test_selective_scan.py (state-spaces/mamba):
 fp32 (rtol 6e-4, atol 2e-3) for the output and every gradient, looser for delta (rtol x5, atol x10)
 and A (1e-3, 5e-3); float64 agrees to round-off. Tests that need the extension skip, with the
-reason, where it cannot be built (no compiler); CUDA tests skip where torch sees no GPU.
+reason, where it cannot be built (no compiler); CUDA tests skip where torch sees no GPU, and
+the compile check of the CUDA source where nvcc is not on the PATH.
 """
 import os
 import shutil
@@ -387,6 +388,28 @@ def test_ext_cuda_matches_cpu():
 def test_mamba_layer_on_cuda_same_with_either_backend():
     cuda_or_skip()
     assert_mamba_same_with_either_backend(4, "cuda")
+
+
+def test_cuda_source_compiles_with_nvcc(tmp_path):
+    """The CUDA kernel is built only where torch sees a GPU, so nothing else would notice when
+    selective_scan_cuda.cu stops compiling: nvcc alone (no GPU, a CPU-only torch) checks it. Flags
+    as torch's build, for sm_90 (H100/H200); -G leaves the device code unoptimised, so that every
+    stage (front end, cicc, ptxas, host compiler) still runs but in seconds, not a minute and more."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("no nvcc on the PATH (scan_ext/README.md says how to get one)")
+    from torch.utils.cpp_extension import COMMON_NVCC_FLAGS, include_paths
+    here = os.path.dirname(os.path.abspath(scan_ext.__file__))
+    obj = tmp_path / "selective_scan_cuda.o"
+    cmd = [nvcc, "-c", os.path.join(here, "selective_scan_cuda.cu"), "-o", str(obj), "-arch=sm_90",
+           "-G", "-std=c++20", "-Xcompiler", "-fPIC", *COMMON_NVCC_FLAGS,
+           *(f"-I{d}" for d in [here, *include_paths()])]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, TMPDIR=str(tmp_path)))  # nvcc's temporaries too
+    if r.returncode != 0:
+        pytest.fail(f"{nvcc} cannot compile selective_scan_cuda.cu (exit {r.returncode}):\n"
+                    f"{r.stdout}{r.stderr}\ncommand: {' '.join(cmd)}", pytrace=False)
+    assert obj.stat().st_size > 0
 
 
 # ── choosing the backend ─────────────────────────────────────────────────────────────────────
