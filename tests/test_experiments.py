@@ -476,7 +476,7 @@ def test_a_one_layer_model_is_read_at_its_mixer_output_not_the_embedding(tmp_pat
              arch="mamba", n_layer=1)
     rec, = experiments.collect(str(tmp_path))
     assert (rec["attrib"]["key"], rec["attrib"]["query"]) == (0.0, 1.0)
-    assert table_rows(experiments.summary_table([rec]))[0][7] == "0.00 / 0.00 / 1.00 (1) |"
+    assert table_rows(experiments.summary_table([rec]))[0][7] == "0.00 / 0.00 / 1.00 (1)"
 
 
 def test_the_figures_draw_one_width():
