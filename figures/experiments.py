@@ -269,9 +269,11 @@ def start_run(run: dict, out: str, extra, threads: int) -> subprocess.Popen:
     (stop_runs), each with the processes it may have started."""
     os.makedirs(out, exist_ok=True)
     cmd = run_command(run, out, sys.executable, os.path.join(ROOT, "mech.py"), extra)
+    if not any(a == "--threads" or a.startswith("--threads=") for a in extra):  # else: the user's
+        cmd += ["--threads", str(threads)]
     with open(os.path.join(out, "log.txt"), "a") as f:
-        return subprocess.Popen(cmd + ["--threads", str(threads)], stdin=subprocess.DEVNULL,
-                                stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f,
+                                stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def ended_runs(running: dict, log) -> list:
@@ -311,26 +313,36 @@ def signal_group(proc: subprocess.Popen, sig: int) -> None:
 # 2. Collecting: one record per finished run, and the summary table
 # ─────────────────────────────────────────────────────────────────────────────────────────────
 
-def collect(root: str) -> list:
-    """One record per finished run folder under root: its config, accuracy and main Attribs."""
+def collect(root: str, log=print) -> list:
+    """One record per finished run folder under root: its config, accuracy and main Attribs. A
+    folder whose files are damaged or not a run of mech.py is skipped, in one line that names it."""
     records = []
     for folder, _, files in sorted(os.walk(root)):
         if "metrics.json" not in files or "config.json" not in files:
             continue
-        with open(os.path.join(folder, "config.json")) as f:
-            cfg = json.load(f)
-        with open(os.path.join(folder, "metrics.json")) as f:
-            m = json.load(f)
-        rec = dict(cfg, folder=os.path.relpath(folder, root), accuracy=m["accuracy"],
-                   dev_accuracy=m.get("dev_accuracy"), wall_time_s=m["wall_time_s"])
-        if "interventions" in m:
-            rec.update(analysis(m["interventions"], cfg["n_layer"]))
-        if "interventions_dev" in m:  # --held-out: the same reading on the dev documents
-            rec["dev"] = analysis(m["interventions_dev"], cfg["n_layer"])
-        if points := [p for p in m.get("curve", []) if "attrib" in p]:  # watched while it trained
-            rec["dynamics"] = points  # mech.watch_mechanism's evaluations
-        records.append(rec)
+        try:
+            records.append(record(folder, root))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+            log(f"skipped {folder}: not a finished run of this mech.py ({type(e).__name__}: {e})")
     return records
+
+
+def record(folder: str, root: str) -> dict:
+    """A run folder's record (KeyError, ValueError, ... if its files are not a run's)."""
+    with open(os.path.join(folder, "config.json")) as f:
+        cfg = json.load(f)
+    with open(os.path.join(folder, "metrics.json")) as f:
+        m = json.load(f)
+    rec = dict(cfg, folder=os.path.relpath(folder, root), accuracy=m["accuracy"],
+               dev_accuracy=m.get("dev_accuracy"), wall_time_s=m["wall_time_s"])
+    if "interventions" in m:
+        rec.update(analysis(m["interventions"], cfg["n_layer"]))
+    if "interventions_dev" in m:  # --held-out: the same reading on the dev documents
+        rec["dev"] = analysis(m["interventions_dev"], cfg["n_layer"])
+    points = [p for p in m.get("curve", []) if "attrib" in p]  # watched while it trained
+    if points:
+        rec["dynamics"] = points  # mech.watch_mechanism's evaluations
+    return rec
 
 
 NO_CELL = dict(attrib=float("nan"))  # a cell the analysis did not patch
@@ -2036,6 +2048,12 @@ def checked_runs(args, run_flags: list, parser: Parser) -> list:
         seeds = args.seeds if args.seeds is not None else 3 if args.scale == "cpu" else 1
         overrides = sweep_overrides(run_flags, parser.prog)
         runs = sweep_runs(args.sweep, args.scale, seeds, overrides)
+        per_run = sorted({k for _, run in runs for k in run} & set(overrides))
+        if per_run:  # a run's folder is named by these: an override would belie the name
+            flags = ", ".join("--" + k.replace("_", "-") for k in per_run)
+            raise ValueError(f"{flags}: the sweep sets this per run and names the run folders by "
+                             "it" + ("; give --seeds N for seeds 42, 43, ..." if "seed" in per_run
+                                     else ""))
         for _, run in runs:
             run_config(run, run_flags, parser.prog)
     except ValueError as e:
@@ -2064,10 +2082,13 @@ def collect_and_draw(root: str, figures_dir: str, parser: Parser) -> list:
     if not os.path.isdir(root):
         parser.error(f"--collect {root}: no such directory")
     records = collect(root)
-    mech.write_json(os.path.join(root, "results.json"), records)
     table = "\n\n".join(filter(None, (summary_table(records), dynamics_table(records))))
-    mech.write_text(os.path.join(root, "summary.md"), table + "\n")
-    paths = plot_figures(records, figures_dir)
+    try:
+        mech.write_json(os.path.join(root, "results.json"), records)
+        mech.write_text(os.path.join(root, "summary.md"), table + "\n")
+        paths = plot_figures(records, figures_dir)
+    except (OSError, mech.RunError) as e:  # a read-only or full directory
+        parser.exit(1, f"{parser.prog}: error: {e}\n")
     print(f"{table}\n\n{len(records)} runs collected into {os.path.join(root, 'results.json')} "
           f"(table: {os.path.join(root, 'summary.md')}); figures: {', '.join(paths) or 'none'}")
     return records
