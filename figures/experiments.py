@@ -9,6 +9,7 @@ models" (arXiv 2505.15105). This script runs the paper's sweeps of such runs, ea
     python figures/experiments.py --sweep ar-main --scale paper --print-commands > jobs.txt
     python figures/experiments.py --collect sweeps/   # sweeps/results.json, summary.md, figures/
     python figures/experiments.py --collect figures/runs/cpu_preset --figures-dir figures  # committed
+    python figures/experiments.py --numbers figures/runs   # the report's numbers: runs/numbers.md
 
 A sweep is a list of runs and a run is a list of mech.py's flags, so a sweep runs here in parallel
 processes (--jobs), or anywhere else from the commands it prints (--print-commands, to be run from
@@ -270,9 +271,11 @@ def start_run(run: dict, out: str, extra, threads: int) -> subprocess.Popen:
     (stop_runs), each with the processes it may have started."""
     os.makedirs(out, exist_ok=True)
     cmd = run_command(run, out, sys.executable, os.path.join(ROOT, "mech.py"), extra)
+    if not any(a == "--threads" or a.startswith("--threads=") for a in extra):  # else: the user's
+        cmd += ["--threads", str(threads)]
     with open(os.path.join(out, "log.txt"), "a") as f:
-        return subprocess.Popen(cmd + ["--threads", str(threads)], stdin=subprocess.DEVNULL,
-                                stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f,
+                                stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def ended_runs(running: dict, log) -> list:
@@ -312,26 +315,36 @@ def signal_group(proc: subprocess.Popen, sig: int) -> None:
 # 2. Collecting: one record per finished run, and the summary table
 # ─────────────────────────────────────────────────────────────────────────────────────────────
 
-def collect(root: str) -> list:
-    """One record per finished run folder under root: its config, accuracy and main Attribs."""
+def collect(root: str, log=print) -> list:
+    """One record per finished run folder under root: its config, accuracy and main Attribs. A
+    folder whose files are damaged or not a run of mech.py is skipped, in one line that names it."""
     records = []
     for folder, _, files in sorted(os.walk(root)):
         if "metrics.json" not in files or "config.json" not in files:
             continue
-        with open(os.path.join(folder, "config.json")) as f:
-            cfg = json.load(f)
-        with open(os.path.join(folder, "metrics.json")) as f:
-            m = json.load(f)
-        rec = dict(cfg, folder=os.path.relpath(folder, root), accuracy=m["accuracy"],
-                   dev_accuracy=m.get("dev_accuracy"), wall_time_s=m["wall_time_s"])
-        if "interventions" in m:
-            rec.update(analysis(m["interventions"], cfg["n_layer"]))
-        if "interventions_dev" in m:  # --held-out: the same reading on the dev documents
-            rec["dev"] = analysis(m["interventions_dev"], cfg["n_layer"])
-        if points := [p for p in m.get("curve", []) if "attrib" in p]:  # watched while it trained
-            rec["dynamics"] = points  # mech.watch_mechanism's evaluations
-        records.append(rec)
+        try:
+            records.append(record(folder, root))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+            log(f"skipped {folder}: not a finished run of this mech.py ({type(e).__name__}: {e})")
     return records
+
+
+def record(folder: str, root: str) -> dict:
+    """A run folder's record (KeyError, ValueError, ... if its files are not a run's)."""
+    with open(os.path.join(folder, "config.json")) as f:
+        cfg = json.load(f)
+    with open(os.path.join(folder, "metrics.json")) as f:
+        m = json.load(f)
+    rec = dict(cfg, folder=os.path.relpath(folder, root), accuracy=m["accuracy"],
+               dev_accuracy=m.get("dev_accuracy"), wall_time_s=m["wall_time_s"])
+    if "interventions" in m:
+        rec.update(analysis(m["interventions"], cfg["n_layer"]))
+    if "interventions_dev" in m:  # --held-out: the same reading on the dev documents
+        rec["dev"] = analysis(m["interventions_dev"], cfg["n_layer"])
+    points = [p for p in m.get("curve", []) if "attrib" in p]  # watched while it trained
+    if points:
+        rec["dynamics"] = points  # mech.watch_mechanism's evaluations
+    return rec
 
 
 NO_CELL = dict(attrib=float("nan"))  # a cell the analysis did not patch
@@ -345,7 +358,12 @@ def analysis(interventions: dict, n_layer: int) -> dict:
     rows = interventions["rows"]
     key = {(r["site"], r["layer"], r["position"]): r for r in rows if r["corrupted"] == "key"}
     conv = {p: r for (site, layer, p), r in key.items() if (site, layer) == ("conv_output", 0)}
+    main = {p: r for (site, layer, p), r in key.items() if (site, layer) == mech.main_site(n_layer)}
     return dict(attrib=mech.main_setting(rows, n_layer),
+                # the Key's effect over the documents each main cell averages: in the sibling task
+                # the Key and Value cells average only those where the two are distinct positions,
+                # so their filter must be read there, not over all documents
+                effects={p: r["p_clean"] - r["p_corr"] for p, r in main.items()},
                 # deeper models: the second layer's input too, where a 2-layer model's last reads
                 attrib_second=mech.main_setting(rows, n_layer, 1) if n_layer > 2 else None,
                 effect=mech.key_effect(rows),  # over all documents
@@ -368,6 +386,13 @@ def all_documents(r: dict, position: str) -> bool:
 def reacts(r: dict) -> bool:
     """Whether a run's answer reacts to the corruption enough for its Attribs to mean something."""
     return "attrib" in r and r["effect"] >= MIN_EFFECT[r["task"]]
+
+
+def reacts_at(r: dict, position: str) -> bool:
+    """reacts, over the documents that the run's main cell at position averages (all of them but
+    in the sibling task's Key and Value cells); records without per-cell effects: over all."""
+    effect = r.get("effects", {}).get(position, r.get("effect"))
+    return "attrib" in r and effect >= MIN_EFFECT[r["task"]]
 
 
 # the Config fields, which a record holds (those its mech.py knew of) beside its results
@@ -408,10 +433,11 @@ def summary_table(records: list) -> str:
                    for told, (_, rs) in zip(told_apart([c for c, _ in same]), same)),
                   key=lambda row: row[0])
     lines = ["| task | model | layers | d | lr | seeds | accuracy "
-             "| Attrib Key / Value / Query (seeds) |", "|---|---|---:|---:|---:|---:|---|---|"]
+             "| Attrib Key / Value / Query (seeds) | Key effect |",
+             "|---|---|---:|---:|---:|---:|---|---|---|"]
     for (task, model, n_layer, d, lr, told), rs in rows:
         lines.append(f"| {task} | {model}{told} | {n_layer} | {d} | {lr:g} | {len(rs)} "
-                     f"| {accuracy_cell(rs)} | {attrib_cell(rs)} |")
+                     f"| {accuracy_cell(rs)} | {attrib_cell(rs)} | {effect_cell(rs)} |")
     return "\n".join(lines + table_notes(records))
 
 
@@ -421,7 +447,11 @@ def table_notes(records: list) -> list:
     notes = ["", "Attrib: the main setting (mech.main_setting: Key corrupted, the last layer's "
              "input; in a 1-layer model its mixer's output), averaged over the seeds whose answer "
              f"reacts to the corruption (p_clean - p_corrupted >= {MIN_EFFECT['ar']} on AR, "
-             f"{MIN_EFFECT['atr']} on ATR: the paper's filters), their number in brackets."]
+             f"{MIN_EFFECT['atr']} on ATR: the paper's filters) on the documents that cell "
+             "averages (in the sibling task the Key and Value cells average only the documents "
+             "where the two are distinct positions), their number in brackets (one per cell "
+             "where they differ). Key effect: p_clean - p_corrupted over all documents, min-max "
+             "over the seeds."]
     conv = [r for r in records if r.get("conv")]
     if conv:
         old = sum(all_documents(r, "value+1") for r in conv)
@@ -449,11 +479,25 @@ def accuracy_cell(rs: list) -> str:
 
 
 def attrib_cell(rs: list) -> str:
-    act = [r for r in rs if reacts(r)]
-    if not act:
+    """Key / Value / Query, each the mean over the seeds that pass the filter on the documents
+    that cell averages, and how many those are (one count where the three agree)."""
+    act = {p: [r for r in rs if reacts_at(r, p)] for p in ("key", "value", "query")}
+    if not any(act.values()):
         return "- (0)"
-    return (" / ".join(f"{np.mean([r['attrib'][p] for r in act]):.2f}"
-                       for p in ("key", "value", "query")) + f" ({len(act)})")
+    means = " / ".join(f"{np.mean([r['attrib'][p] for r in runs]):.2f}" if runs else "-"
+                       for p, runs in act.items())
+    counts = {len(runs) for runs in act.values()}
+    return means + (f" ({counts.pop()})" if len(counts) == 1
+                    else f" ({' / '.join(str(len(runs)) for runs in act.values())})")
+
+
+def effect_cell(rs: list) -> str:
+    """The Key's effect on p(answer) over all documents: min-max over the seeds."""
+    effects = [r["effect"] for r in rs if "effect" in r]
+    if not effects:
+        return "-"
+    low, high = min(effects), max(effects)
+    return f"{low:.3f}" if len(effects) == 1 else f"{low:.3f}-{high:.3f}"
 
 
 def atr_query(r: dict) -> str:
@@ -536,6 +580,9 @@ PAPER = {
                          hyena=dict(key=0.0, value=0.0, query=1.0),
                          mamba=dict(key=0.003, value=0.0, query=1.0),
                          delta_net=None),
+    # the architectures whose ar_mechanism entry is one run, not a median (the only one past the
+    # paper's filter)
+    "ar_mechanism_one_run": ("base_conv",),
     # App. D.2, ar_32_layers_with_3.pdf: AR at 1 and 3 layers, by (architecture, layers); its
     # 2-layer panel is ar_32.pdf's; no 1-layer Based (its one layer would be a BaseConv layer)
     "ar_layers": {("attention", 1): (0.012, 0.066, 0.091, 0.084, 0.062),
@@ -619,6 +666,9 @@ PAPER = {
                       ("medium", "based"): dict(key=0.126, query=0.000, value=0.816),
                       ("medium", "hyena"): dict(key=0.092, query=0.818, value=0.052),
                       ("medium", "mamba"): dict(key=0.294, query=0.451, value=0.027)},
+    # arXiv 2505.15105v3's abstract, in words (no figure numbers): Mamba without its short conv
+    # (d_conv 0) learns Attention-like induction on ATR easy, i.e. Attrib@Value ≈ 1
+    "atr_mamba_dconv_claim": {0: 1.0},
     # ATR's copy-next-token baseline, by setting: predict the token after the Query's last
     # earlier occurrence (Key+1), measured on the official generator's documents (seed 42, about
     # 1,000 of them); the 1-layer BaseConv and Based of atr_layers.pdf (App. D.2) sit on it
@@ -826,10 +876,12 @@ def seed_markers(ax, x: float, runs: list, s: Series, width: float) -> None:
     ax.scatter(spread_x(x, len(runs), width), ys, marker=s.marker, s=20, linewidths=1.2,
                facecolors="none", edgecolors=["grey" if s.faded(r) else s.color for r in runs],
                zorder=3)
-    middle = summary_mark(ys)
+    faded = {bool(s.faded(r)) for r in runs}
+    middle = summary_mark(ys) if len(faded) == 1 else None  # no bar over two kinds of reading
     if middle is not None:
         centre, half = x + SEEDS_AT * width, (SEEDS_SPREAD + 0.08) * width
-        ax.hlines(middle, centre - half, centre + half, color=s.color, lw=2, zorder=2)
+        ax.hlines(middle, centre - half, centre + half, color="grey" if faded.pop() else s.color,
+                  lw=2, zorder=2)
 
 
 def spread_x(x: float, n: int, width: float) -> np.ndarray:
@@ -917,7 +969,7 @@ def scale_note(runs: list) -> str:
     warmup = by_model(runs, lambda r: round(configuration(r)["steps"]
                                             * configuration(r)["warmup_frac"]), "{:,}".format)
     presets = " / ".join(sorted({r.get("preset") or DEFAULTS["preset"] for r in runs}))
-    per_model = collections.Counter(config_key(r, ("seed",)) for r in runs).values()
+    per_model = [len({s for k, s in seeds if k == model}) for model in models]  # seeds each
     return (f"Ours: d = {span(r['d_model'] for r in runs)}, mech.py --preset {presets}, {steps} "
             f"training steps ({warmup} of them warmup), {lr}; {span(per_model)} "
             f"seed{'s' * (span(per_model) != '1')} per model "
@@ -1070,14 +1122,17 @@ def ar_mechanism(records: list, out_dir: str) -> list:
     strip_panel(ax, columns, series)
     attrib_axes([ax], [(columns, series)], "Attrib (last layer's input)")
     ax.set(xlabel="architecture (2 layers)")
-    legend(ax, series, MEDIAN_LABEL)
+    single = [a for a in archs_of(rs) if a in PAPER["ar_mechanism_one_run"]]
+    legend(ax, series, MEDIAN_LABEL + "".join(f";\n{a}: its one run" for a in single))
     fig.suptitle("AR mechanism: the share of the answer's probability that patching one position "
                  "of the\nlast layer's input restores (Key corrupted): @Value = induction, "
                  "@Query or @Key = direct retrieval")
     return save(fig, out_dir, "ar_mechanism.png",
                 [MARKS, filter_note(rs), scale_note(rs),
                  paper_note("ar_32_diff_query_item_orig.pdf and its _q.pdf, §5.1",
-                            MEDIANS_NOTE, [("", columns)], True)])
+                            MEDIANS_NOTE, [("", columns)], True)]
+                + [f"{', '.join(single)}: only one of the paper's runs passes its filter, so its x "
+                   "is that run's value, not a median." for _ in single[:1]])
 
 
 def mamba_paper(task: str, k: int, runs: list) -> tuple:
@@ -1112,28 +1167,44 @@ def mamba_dconv(records: list, out_dir: str) -> list:
             paper = mamba_paper(task, k, runs)
             accuracy.append(Column(str(k), best_runs(runs), paper[0]))
             attribs.append(mechanism_column(str(k), runs, paper[1]))
-        paths += dconv_figure(accuracy, attribs, rs, f"Mamba on {title}", source, name, out_dir)
+        claims = [(widths.index(k), "value", v) for k, v in PAPER["atr_mamba_dconv_claim"].items()
+                  if task == "atr" and k in widths]
+        paths += dconv_figure(accuracy, attribs, rs, f"Mamba on {title}", source, name, out_dir,
+                              claims)
     return paths
 
 
 def dconv_figure(accuracy: list, attribs: list, rs: list, title: str, source: str, name: str,
-                 out_dir: str) -> list:
-    """A conv-width ablation: accuracy (left) and Attribs (right) by d_conv."""
+                 out_dir: str, claims=()) -> list:
+    """A conv-width ablation: accuracy (left) and Attribs (right) by d_conv; claims: (column,
+    position, value) of a claim the paper states in words, drawn as a black star."""
     series = position_series("attrib")
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.6), width_ratios=(1, 1.5))
     strip_panel(left, accuracy, [ACCURACY])
     strip_panel(right, attribs, series)
+    width = SLOTS / len(series)
+    for column, position, value in claims:  # at the paper's x place of that position's slot
+        x = column + width * (SHOWN.index(position) - (len(series) - 1) / 2 + PAPER_AT)
+        right.scatter([x], [value], marker="*", s=90, facecolors="none", edgecolors="k",
+                      linewidths=1.2, zorder=4)
+    claim = [Line2D([], [], ls="none", marker="*", mfc="none", mec="k", ms=10,
+                    label="the paper's claim in words (v3:\nMamba without its conv, @Value ≈ 1)")]
     left.set(xlabel="d_conv: short-conv width (0 = none; 4 = default)", ylabel="test accuracy",
              ylim=ACCURACY_YLIM, title="accuracy")
     attrib_axes([right], [(attribs, series)], "Attrib (last layer's input)")
     right.set(xlabel="d_conv", title="mechanism: Attrib per position (Key corrupted)")
-    legend(right, [ACCURACY] + series, "paper (its best run / median of its runs)")
+    legend(right, [ACCURACY] + series, "paper (its best run / median of its runs)",
+           claim if claims else ())
     fig.suptitle(f"{title}: accuracy and mechanism by the width of its short convolution")
     return save(fig, out_dir, name,
                 [MARKS, filter_note(rs), scale_note(rs),
                  paper_note(source, f"accuracy: {paper_best(rs)}; Attribs: {MEDIANS_NOTE}",
                             [("accuracy at d_conv", accuracy), ("Attribs at d_conv", attribs)],
-                            True)])
+                            True)]
+                + ["Star: the claim this ablation tests, arXiv 2505.15105v3's abstract (\"Mamba "
+                   "can learn Attention-like induction on ATR when short convolutions are "
+                   "removed\"), drawn at @Value 1 for d_conv 0: a claim in words, not a number "
+                   "read off a figure." for _ in claims[:1]])
 
 
 def mamba_conv_restored(records: list, out_dir: str) -> list:
@@ -1148,8 +1219,8 @@ def mamba_conv_restored(records: list, out_dir: str) -> list:
         return r["task"].upper() + (f" {r['atr']}" if r["task"] == "atr" else ""), r["d_conv"]
     series = position_series("conv", ("key", "value", "value+1"))
     # an older analysis averaged Value+1 over all documents, the divider's position in 42-48 %
-    # of ATR ones: grey there, where it changes the number (in AR, only in the last pair)
-    series[-1].faded = lambda r: r["task"] == "atr" and all_documents(r, "value+1")
+    # of ATR ones and in AR's last pair: grey, so that no such point passes for a new one
+    series[-1].faded = lambda r: all_documents(r, "value+1")
     columns = [mechanism_column(f"{t}\nd_conv {k}", [r for r in rs if setting(r) == (t, k)], ())
                for t, k in sorted({setting(r) for r in rs})]
     fig, ax = plt.subplots(figsize=(13, 3.8))
@@ -1159,15 +1230,15 @@ def mamba_conv_restored(records: list, out_dir: str) -> list:
     shown = [r for c in columns for r in c.runs]
     old = sum(all_documents(r, "value+1") for r in shown)
     grey = [Line2D([], [], ls="none", marker="D", mfc="none", mec="grey",
-                   label="@Value+1 in ATR, over all\ndocuments (older analysis)")]
+                   label="@Value+1 over all documents\n(older analysis; its bar grey)")]
     legend(ax, series, extra=grey if any(map(series[-1].faded, shown)) else ())
     fig.suptitle("Mamba: patching the output of its short convolution in layer 0 at one position "
                  "(Key corrupted)")
     return save(fig, out_dir, "mamba_conv_restored.png", [
         MARKS, f"@Value+1: {len(shown) - old} of the {len(shown)} runs drawn were analysed over "
         f"the documents where Value+1 is distinct (neither the divider nor the Query), {old} over "
-        "all documents (an older analysis: grey in ATR, where Value+1 is the divider in 42-48 % "
-        "of documents; in AR it is the divider only after the last pair).",
+        "all documents (an older analysis, grey: in ATR Value+1 is the divider in 42-48 % of "
+        "documents, in AR after the last pair only, 1 document in 16).",
         filter_note(rs), scale_note(rs),
         "No paper marks: the paper (v3) reports this without numbers."])
 
@@ -1472,6 +1543,9 @@ def atr_sibling(records: list, out_dir: str) -> list:
          f"scores: the Query is its own rightmost sibling in {copy:.1%} of documents."))
 
 
+# where the main setting reads a model of 1, 2 and 3 (or more) layers in atr_gen's panels
+READ_AT = {1: "Attrib (its mixer's output)", 2: "Attrib (last layer's input)",
+           3: "Attrib (2nd layer's input)"}
 GEN_SERIES = [Series("dev: the training's label pairs", "C0", "o", lambda r: r["dev_accuracy"]),
               Series("test: held-out label pairs", "C3", "D", lambda r: r["accuracy"])]
 
@@ -1485,7 +1559,7 @@ def gen_paper(arch: str, n: int, runs: list) -> tuple:
 def atr_gen(records: list, out_dir: str) -> list:
     """§5.3 (atr_gen, atr_gen_box): ATR easy with label pairs held out of training, per depth:
     dev vs test accuracy (top) and the main Attribs on the dev and on the test documents (below),
-    each seed at the learning rate of its best dev accuracy."""
+    each seed at the learning rate of its best dev accuracy among those it ran."""
     rs = [r for r in records if r["task"] == "atr" and r.get("held_out")
           and atr_query(r) == "parent" and not conv_variant(r) + pe_variant(r)]
     if not rs:
@@ -1520,15 +1594,17 @@ def atr_gen(records: list, out_dir: str) -> list:
     axes[0][0].set(ylabel="accuracy", ylim=ACCURACY_YLIM)
     attrib_axes(list(axes[1]) + list(axes[2]), [(cs, series) for cs in attribs],
                 "Attrib (last layer's input)")
-    for ax in list(axes[1][1:]) + list(axes[2][1:]):  # one label per row; titles name other inputs
-        ax.set_ylabel("")
+    for middle, bottom, n in zip(axes[1], axes[2], layers):  # each column names the input it reads
+        for ax in (middle, bottom):
+            ax.set_ylabel(READ_AT[min(n, 3)])
     legend(axes[0][-1], GEN_SERIES, "paper (one seed, the rate\nof its best dev accuracy)")
     legend(axes[2][-1], series, "paper (2 layers: the median\nof all its runs, unfiltered)")
     fig.suptitle(f"ATR generalisation: {rs[0]['held_out']:.0%} of the (parent, query) label "
                  "pairs held out of training\nand asked only by the test documents (ATR easy)")
     return save(fig, out_dir, "atr_gen.png", [
-        MARKS, "Each seed at the learning rate of its best dev accuracy (documents asking the "
-        "training's label pairs), as the paper chooses it; test: documents asking held-out pairs.",
+        MARKS, "The learning rate is chosen on dev accuracy (documents asking the training's "
+        "label pairs), as the paper chooses it, among the rates a seed ran (which: below). Test: "
+        "documents asking held-out pairs.",
         scale_note(rs), filter_note(best, readings),
         paper_note("atr_gen.pdf, §5.3", f"its one seed at d = {span(r['d_model'] for r in rs)}, "
                    "2 layers, at the learning rate of its best dev accuracy", accuracy),
@@ -1562,10 +1638,21 @@ def watched_runs(records: list) -> list:
     return [(title, sorted(rs, key=lambda r: (r["seed"], r["lr"]))) for title, rs in panels if rs]
 
 
+def final_position(r: dict) -> str | None:
+    """The position whose Attrib the formation moment follows: of Key, Value and Query, the one
+    with the largest final Attrib (the main setting, all documents), for a run whose answer
+    reacts to the Key at the end; None for one that does not. It is the verdict's position where
+    the verdict names one (mech.dominant), and a rule a reader can recount where it is mixed."""
+    if not reacts(r):
+        return None
+    a = {p: r["attrib"][p] for p in ("key", "value", "query") if not np.isnan(r["attrib"][p])}
+    return max(a, key=a.get) if a else None
+
+
 def followed(r: dict) -> list:
-    """The Attribs a run's dynamics follow: its verdict's position (if its final analysis names
-    one), and for Mamba with a conv, the conv's output at Value+1."""
-    name = mech.dominant(r["attrib"]) if reacts(r) else None
+    """The Attribs a run's dynamics follow: its final position (final_position), and for Mamba
+    with a conv, the conv's output at Value+1."""
+    name = final_position(r)
     conv = CONV in r["dynamics"][0]["attrib"]["cells"]
     return ([name] if name else []) + ([CONV] if conv else [])
 
@@ -1576,15 +1663,18 @@ def moments_of(r: dict, name: str | None) -> dict:
 
 
 def dynamics_table(records: list) -> str:
-    """Markdown: per watched run and Attrib, the step it passes 0.5 and the step accuracy passes
-    halfway from its first evaluation to its final value (plots.moments), and which comes first."""
+    """Markdown: per watched run and Attrib (followed: the position with the largest final Attrib,
+    and Mamba's conv at Value+1), the step it first passes 0.5 with the Key's effect past the
+    filter, and the step accuracy passes halfway from its first evaluation to its final value
+    (plots.moments), and which comes first."""
     lines = ["| model | seed | lr | Attrib | passes 0.5 at | accuracy passes halfway at | "
              "first |", "|---|---:|---:|---|---:|---:|---|"]
     for title, rs in watched_runs(records):
         for r in rs:
             run = f"| {title.split(' (')[0]} | {r['seed']} | {r['lr']:g} |"
             if not followed(r):  # its final analysis names no position: nothing to follow
-                lines.append(f"{run} none (the final verdict names no position) | - | - | - |")
+                lines.append(f"{run} none (the Key's final effect is below the filter) "
+                             "| - | - | - |")
             for name in followed(r):
                 m = moments_of(r, name)
                 first = ("-" if None in m.values() else "together"
@@ -1598,8 +1688,8 @@ def dynamics_table(records: list) -> str:
 
 
 def mechanism_dynamics(records: list, out_dir: str) -> list:
-    """Beyond the paper (it analyses trained models only): accuracy and the verdict's Attrib along
-    training, one panel per model, every seed, with the moments marked."""
+    """Beyond the paper (it analyses trained models only): accuracy and the final position's Attrib
+    (final_position) along training, one panel per model, every seed, with the moments marked."""
     panels = watched_runs(records)
     if not panels:
         return []
@@ -1625,7 +1715,8 @@ def mechanism_dynamics(records: list, out_dir: str) -> list:
     seeds = [Line2D([], [], color="grey", ls=dashes[i], label=f"seed {s}") for i, s in
              enumerate(sorted({r["seed"] for _, rs in panels for r in rs}))]
     kinds = [Line2D([], [], color="k", label="test accuracy"),
-             Line2D([], [], color="C3", label="the verdict's Attrib (last layer's input)"),
+             Line2D([], [], color="C3", label="Attrib at the run's final position\n"
+                    "(its largest at the end; last layer's input)"),
              Line2D([], [], color="C4", label="Mamba: Attrib of layer 0's conv output @Value+1"),
              Line2D([], [], ls="none", marker="^", color="k", mfc="none",
                     label="an Attrib passes 0.5: the mechanism has formed"),
@@ -1638,9 +1729,21 @@ def mechanism_dynamics(records: list, out_dir: str) -> list:
     runs = [r for _, rs in panels for r in rs]
     return save(fig, out_dir, "mechanism_dynamics.png", [
         "Attribs are drawn where the Key matters (p_clean − p_corrupted ≥ 0.01 on AR, ≥ 0.1 on "
-        "ATR, the paper's filters); before that they are noise. The verdict's Attrib is the one "
-        "the run's final analysis names (@Value: induction, @Query: retrieval at the last "
-        "position). Which comes first, in steps: runs/cpu_preset/summary.md.", scale_note(runs)])
+        "ATR, the paper's filters); before that they are noise. Each run follows the position "
+        "(Key, Value or Query) with the largest Attrib in its final analysis, whether or not that "
+        "one names its verdict (a run whose final Attribs are mixed is drawn too)"
+        + (f": {mixed}" if (mixed := mixed_note(runs)) else "") + ". The mechanism has formed at "
+        "the first evaluation where that Attrib passes 0.5 with the Key mattering. Which comes "
+        "first, in steps: runs/cpu_preset/summary.md.", scale_note(runs)])
+
+
+def mixed_note(runs: list) -> str:
+    """The runs drawn whose final Attribs name no verdict (mech.dominant): which, and at what."""
+    return "; ".join(f"{r['task'].upper()} {r['arch']} d_conv {r['d_conv']} seed {r['seed']} ends "
+                     "mixed (Key / Value / Query " + " / ".join(f"{r['attrib'][p]:.2f}" for p in
+                                                             ("key", "value", "query"))
+                     + f", followed at @{final_position(r).capitalize()})"
+                     for r in runs if reacts(r) and mech.dominant(r["attrib"]) is None)
 
 
 FIGURES = (ar_accuracy, ar_mechanism, mamba_dconv, mamba_conv_restored, based_conv, ar_layers,
@@ -1693,7 +1796,218 @@ def plot_figures(records: list, out_dir: str, log=print) -> list:
 
 
 # ─────────────────────────────────────────────────────────────────────────────────────────────
-# 4. Command line
+# 4. The report's numbers: recounted from the committed runs into one generated table, which
+#    figures/README.md and README.md quote (tests/test_report_numbers.py checks both ways)
+# ─────────────────────────────────────────────────────────────────────────────────────────────
+
+# The verdict rule of the report, made a rule a reader can recount. Size: a mean accuracy within
+# ACC_SIZE of the paper's number at d = 64 (its best learning rate, one seed); each mean Attrib
+# within ATTRIB_SIZE of the paper's median (pooled over all its widths and rates). Direction: an
+# accuracy on the same side as the paper's of the task's line between learning and not (AR: 0.5;
+# ATR: the copy-next-token baseline; the sibling task: copying the Query); a mechanism of the same
+# class as the paper's (induction: the Value's Attrib is the largest of Key, Value and Query;
+# retrieval: the Key's or the Query's is).
+ACC_SIZE = 0.05
+ATTRIB_SIZE = 0.1
+POSITIONS3 = ("key", "value", "query")
+MAIN_SWEEPS = ("ar-main", "ar-dconv", "ar-based-conv", "ar-layers", "atr-main", "atr-mamba-dconv",
+               "atr-attention-nope")
+OTHER_SWEEPS = ("pos-embed", "atr-layers", "atr-gen", "atr-sibling")
+
+
+def label(direction: bool, size: bool) -> str:
+    return "reproduced" if direction and size else "direction only" if direction \
+        else "not reproduced"
+
+
+def mean_sd(values) -> str:
+    values = list(values)
+    return f"{np.mean(values):.3f} ± {np.std(values, ddof=1):.3f}"
+
+
+def passing_means(runs: list) -> dict:
+    """Key / Value / Query means over the runs past the filter at each cell (attrib_cell's)."""
+    means = {}
+    for p in POSITIONS3:
+        act = [r["attrib"][p] for r in runs if reacts_at(r, p)]
+        means[p] = float(np.mean(act)) if act else float("nan")
+    return means
+
+
+def attribs_text(means: dict) -> str:
+    return " / ".join(f"{means[p]:.2f}" for p in POSITIONS3)
+
+
+def mechanism_class(a: dict) -> str:
+    return "induction" if max(POSITIONS3, key=lambda p: a.get(p, -9)) == "value" else "retrieval"
+
+
+def accuracy_item(name: str, runs: list, paper: float, line: float) -> tuple:
+    ours = np.mean([r["accuracy"] for r in runs])
+    return (name, mean_sd(r["accuracy"] for r in runs), f"{paper:.3f}",
+            label((ours > line) == (paper > line), abs(ours - paper) <= ACC_SIZE))
+
+
+def mechanism_item(name: str, runs: list, paper: dict) -> tuple:
+    ours = passing_means(runs)
+    size = all(abs(ours[p] - paper[p]) <= ATTRIB_SIZE for p in POSITIONS3)
+    return (name, attribs_text(ours), attribs_text(paper),
+            label(mechanism_class(ours) == mechanism_class(paper), size))
+
+
+def report_numbers(runs_root: str, cpu=None) -> list:
+    """[(id, ours, paper, verdict)] of the report's headline numbers and verdicts, recounted from
+    runs_root/cpu_preset (or its records, cpu, if collected already) and runs_root/paper_protocol
+    by the rule above ("-": none)."""
+    cpu = cpu if cpu is not None else collect(os.path.join(runs_root, "cpu_preset"))
+    pp = collect(os.path.join(runs_root, "paper_protocol"))
+    at64 = lambda values: values[WIDTHS.index(64)]
+    items = []
+
+    def group(records, **match):
+        return [r for r in records if all(r.get(k) == v for k, v in match.items())]
+
+    ar = main_ar(cpu)
+    for a in archs_of(ar):
+        runs = of_arch(ar, a)
+        if (paper := PAPER["ar_accuracy"][a]) is not None:
+            items.append(accuracy_item(f"C1 AR {a}", runs, at64(paper), 0.5))
+        else:
+            items.append((f"C1 AR {a}", mean_sd(r["accuracy"] for r in runs), "-", "partly"))
+    for a in ("attention", "based"):
+        items.append(mechanism_item(f"C2 AR {a} Attribs", of_arch(ar, a),
+                                    PAPER["ar_mechanism"][a]))
+    items.append(mechanism_item("C3 AR mamba Attribs", of_arch(ar, "mamba"),
+                                PAPER["ar_mechanism"]["mamba"]))
+    one = group(cpu, task="ar", arch="mamba", n_layer=1)
+    items.append(accuracy_item("C3 AR mamba 1 layer", one, at64(PAPER["ar_layers"]["mamba", 1]),
+                               0.5))
+    for k in range(5):
+        runs = [r for r in group(cpu, task="ar", arch="mamba", n_layer=2, d_conv=k)
+                if main_variant(r)]
+        items.append(accuracy_item(f"C4 AR mamba d_conv {k}", runs,
+                                   at64(PAPER["ar_mamba_dconv"][k]), 0.5))
+    # C5: the conv at Value+1 carries the association (>= 0.9) in how many Mamba AR runs
+    conv_runs = [r for r in ar if r["arch"] == "mamba"] + [
+        r for r in pp if r["task"] == "ar" and r["arch"] == "mamba" and reacts(r)]
+    carried = [r for r in conv_runs if r["conv"].get("value+1", 0) >= 0.9]
+    items.append(("C5 conv_output[0] @Value+1 >= 0.9", f"{len(carried)} of {len(conv_runs)} runs",
+                  "-", "partly" if 0 < len(carried) < len(conv_runs) else
+                  "reproduced" if carried else "not reproduced"))
+    atr, _, models = main_atr(cpu)
+    for s in mech.ATR_SETTINGS:
+        for m in models:
+            runs = [r for r in atr if r["atr"] == s and atr_model(r) == m]
+            if runs and (paper := PAPER["atr_accuracy"].get((s, m))) is not None:
+                items.append(accuracy_item(f"C6 ATR {s} {m}", runs, at64(paper),
+                                           PAPER["atr_copy_next_token"][s]))
+            if any(map(reacts, runs)) and (paper := PAPER["atr_mechanism"].get((s, m))):
+                items.append(mechanism_item(f"C6 ATR {s} {m} Attribs", runs, paper))
+    # C7: Mamba without its conv on ATR easy, @Value against v3's "≈ 1"
+    claim = PAPER["atr_mamba_dconv_claim"][0]
+    for name, runs in (("CPU preset", group(cpu, task="atr", arch="mamba", d_conv=0)),
+                       ("paper protocol lr 3e-3", group(pp, task="atr", arch="mamba", d_conv=0,
+                                                        lr=3e-3))):
+        means = passing_means(runs)
+        items.append((f"C7 ATR easy mamba d_conv 0 @Value, {name}", f"{means['value']:.2f}",
+                      f"≈ {claim:g}", label(mechanism_class(means) == "induction",
+                                            abs(means["value"] - claim) <= ATTRIB_SIZE)))
+    # the three scales: Attention (PE) on ATR easy under the paper's protocol at its best rate
+    runs = group(pp, task="atr", atr="easy", arch="attention", lr=1e-3)
+    items.append(accuracy_item("C6 ATR easy attention, paper protocol", runs,
+                               at64(PAPER["atr_accuracy"]["easy", "attention"]),
+                               PAPER["atr_copy_next_token"]["easy"]))
+    # App. D.1: Attention without its position embedding on ATR, and its gap to PE
+    for s in ("easy", "medium"):
+        nope = [r for r in atr if r["atr"] == s and atr_model(r) == "attention NoPE"]
+        pe = [r for r in atr if r["atr"] == s and atr_model(r) == "attention"]
+        paper = PAPER["pos_embed"]
+        gap = np.mean([r["accuracy"] for r in pe]) - np.mean([r["accuracy"] for r in nope])
+        paper_gap = at64(paper[s, "attention", "PE"]) - at64(paper[s, "attention", "NoPE"])
+        items.append((f"D.1 ATR {s} attention PE - NoPE", f"{gap:+.3f}", f"{paper_gap:+.3f}",
+                      label(gap * paper_gap > 0, abs(gap - paper_gap) <= ACC_SIZE)))
+    # App. D.2: one layer on ATR easy
+    for a in ARCHS:
+        runs = [r for r in group(cpu, task="atr", atr="easy", arch=a, n_layer=1)
+                if main_variant(r)]
+        if runs and (paper := PAPER["atr_layers"].get(a)) is not None:
+            items.append(accuracy_item(f"D.2 ATR easy 1 layer {a}", runs, at64(paper),
+                                       PAPER["atr_copy_next_token"]["easy"]))
+    # §5.3: held-out label pairs, 2 layers, each seed at its best dev rate
+    gen = best_runs([r for r in cpu if r.get("held_out") and r["n_layer"] == 2])
+    for a in archs_of(gen):
+        if (paper := PAPER["atr_gen"].get(a)) is None:
+            continue
+        runs = of_arch(gen, a)
+        # direction: the held-out pairs at least 0.2 below the training's, as in the paper
+        gap = np.mean([r["dev_accuracy"] - r["accuracy"] for r in runs])
+        poor = (gap >= 0.2) == (at64(paper["dev"]) - at64(paper["test"]) >= 0.2)
+        for split, read in (("dev", "dev_accuracy"), ("test", "accuracy")):
+            ours = np.mean([r[read] for r in runs])
+            items.append((f"5.3 ATR held-out {a} {split}", mean_sd(r[read] for r in runs),
+                          f"{at64(paper[split]):.3f}",
+                          label(poor, abs(ours - at64(paper[split])) <= ACC_SIZE)))
+    # App. D.4: the sibling task
+    for n in (1, 2, 3):
+        for a in ARCHS:
+            runs = [r for r in group(cpu, task="atr", arch=a, n_layer=n)
+                    if atr_query(r) == "sibling"]
+            if runs and (paper := PAPER["atr_sibling"].get((a, n))) is not None:
+                items.append(accuracy_item(f"D.4 sibling {n} layers {a}", runs, at64(paper),
+                                           PAPER["atr_sibling_copy_query"]))
+    for a in ARCHS:  # 2 layers: the Attribs, Key and Value on the documents where they differ
+        runs = [r for r in group(cpu, task="atr", arch=a, n_layer=2) if atr_query(r) == "sibling"]
+        act = [r for r in runs if reacts_at(r, "value")]
+        items.append((f"D.4 sibling 2 layers {a} Attribs (seeds past at Key/Value)",
+                      f"{attribs_text(passing_means(runs))} ({len(act)} of {len(runs)})", "-", "-"))
+    # the mechanism while it forms: (mechanism, accuracy) steps per watched run
+    for title, rs in watched_runs(one_width(one_protocol(cpu, lambda m: None), lambda m: None)):
+        for r in rs:
+            if name := final_position(r):
+                m = moments_of(r, name)
+                items.append((f"formation {title.split(' (')[0]} seed {r['seed']} @{name}",
+                              f"{m['mechanism'] or 'never'} / {m['accuracy'] or 'never'}",
+                              "-", "-"))
+    # what the CPU runs cost: runs and run-minutes per sweep, each committed run counted once
+    by_name = {os.path.basename(r["folder"]): r for r in cpu}
+    counted = set()
+    for sweeps in (MAIN_SWEEPS, OTHER_SWEEPS):
+        names = {n for sw in sweeps for n, _ in sweep_runs(sw, "cpu", 3) if n in by_name}
+        new = names - counted
+        counted |= names
+        minutes = sum(by_name[n]["wall_time_s"] for n in new) / 60
+        kind = "main" if sweeps == MAIN_SWEEPS else "other findings"
+        items.append((f"cost {kind}: runs, run-minutes", f"{len(new)}, {minutes:,.0f}", "-", "-"))
+        for sw in sweeps:
+            mine = {n for n, _ in sweep_runs(sw, "cpu", 3) if n in by_name}
+            minutes = sum(by_name[n]["wall_time_s"] for n in mine) / 60
+            items.append((f"cost {sw}: runs, run-minutes", f"{len(mine)}, {minutes:,.0f}", "-",
+                          "-"))
+    return items
+
+
+NUMBERS_HEAD = ("# The report's numbers and verdicts, recounted from the runs\n\n"
+                "Generated by `python figures/experiments.py --numbers figures/runs` "
+                "(experiments.report_numbers); do not edit. Verdict rule: size holds where a "
+                f"mean accuracy is within {ACC_SIZE} of the paper's at d = 64 and each mean "
+                f"Attrib within {ATTRIB_SIZE} of the paper's median (pooled over all its widths "
+                "and learning rates); direction holds where the accuracy lies on the paper's side "
+                "of the task's line (AR 0.5, ATR the copy-next-token baseline, the sibling task "
+                "copying the Query; held out: test at least 0.2 below dev) and the mechanism is "
+                "of the paper's class (induction: the Value's Attrib the largest; retrieval: the "
+                "Key's or the Query's). Attribs are Key / Value / Query means over the seeds past "
+                "the paper's filter on the documents each cell averages. formation: the step the "
+                "final position's Attrib passes 0.5 / the step accuracy passes halfway. cost: "
+                "each committed run counted once, in the first sweep that holds it.\n\n")
+
+
+def numbers_table(items: list) -> str:
+    lines = ["| id | ours | paper | verdict |", "|---|---|---|---|"]
+    return "\n".join(lines + [f"| {' | '.join(item)} |" for item in items]) + "\n"
+
+
+# ─────────────────────────────────────────────────────────────────────────────────────────────
+# 5. Command line
 # ─────────────────────────────────────────────────────────────────────────────────────────────
 
 class Parser(argparse.ArgumentParser):
@@ -1721,6 +2035,9 @@ def build_parser() -> Parser:
     p.add_argument("--collect", metavar="DIR", help="gather the finished runs under DIR into "
                    "DIR/results.json and DIR/summary.md and draw the figures (with --sweep: DIR "
                    "instead of the sweep's directory)")
+    p.add_argument("--numbers", metavar="DIR", help="recount the report's numbers and verdicts "
+                   "from DIR/cpu_preset and DIR/paper_protocol into DIR/numbers.md (the committed "
+                   "ones: --numbers figures/runs)")
     p.add_argument("--figures-dir", help="where the figures go (default: DIR/figures of the "
                    "collected DIR; the committed ones: figures)")
     return p
@@ -1735,6 +2052,12 @@ def checked_runs(args, run_flags: list, parser: Parser) -> list:
         seeds = args.seeds if args.seeds is not None else 3 if args.scale == "cpu" else 1
         overrides = sweep_overrides(run_flags, parser.prog)
         runs = sweep_runs(args.sweep, args.scale, seeds, overrides)
+        per_run = sorted({k for _, run in runs for k in run} & set(overrides))
+        if per_run:  # a run's folder is named by these: an override would belie the name
+            flags = ", ".join("--" + k.replace("_", "-") for k in per_run)
+            raise ValueError(f"{flags}: the sweep sets this per run and names the run folders by "
+                             "it" + ("; give --seeds N for seeds 42, 43, ..." if "seed" in per_run
+                                     else ""))
         for _, run in runs:
             run_config(run, run_flags, parser.prog)
     except ValueError as e:
@@ -1763,10 +2086,13 @@ def collect_and_draw(root: str, figures_dir: str, parser: Parser) -> list:
     if not os.path.isdir(root):
         parser.error(f"--collect {root}: no such directory")
     records = collect(root)
-    mech.write_json(os.path.join(root, "results.json"), records)
     table = "\n\n".join(filter(None, (summary_table(records), dynamics_table(records))))
-    mech.atomic_write(os.path.join(root, "summary.md"), table + "\n")
-    paths = plot_figures(records, figures_dir)
+    try:
+        mech.write_json(os.path.join(root, "results.json"), records)
+        mech.atomic_write(os.path.join(root, "summary.md"), table + "\n")
+        paths = plot_figures(records, figures_dir)
+    except (OSError, mech.RunError) as e:  # a read-only or full directory
+        parser.exit(1, f"{parser.prog}: error: {e}\n")
     print(f"{table}\n\n{len(records)} runs collected into {os.path.join(root, 'results.json')} "
           f"(table: {os.path.join(root, 'summary.md')}); figures: {', '.join(paths) or 'none'}")
     return records
@@ -1777,6 +2103,12 @@ def main(argv=None) -> list:
     Returns the collected records."""
     parser = build_parser()
     args, run_flags = parser.parse_known_args(argv)
+    if args.numbers:
+        table = numbers_table(report_numbers(args.numbers))
+        mech.atomic_write(os.path.join(args.numbers, "numbers.md"), NUMBERS_HEAD + table)
+        print(table)
+        if not args.sweep and not args.collect:
+            return []
     if not args.sweep and not args.collect:
         parser.error("give --sweep NAME (to run a sweep) or --collect DIR (to collect its runs)")
     if run_flags and not args.sweep:

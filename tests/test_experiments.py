@@ -476,7 +476,7 @@ def test_a_one_layer_model_is_read_at_its_mixer_output_not_the_embedding(tmp_pat
              arch="mamba", n_layer=1)
     rec, = experiments.collect(str(tmp_path))
     assert (rec["attrib"]["key"], rec["attrib"]["query"]) == (0.0, 1.0)
-    assert table_rows(experiments.summary_table([rec]))[0][7] == "0.00 / 0.00 / 1.00 (1) |"
+    assert table_rows(experiments.summary_table([rec]))[0][7] == "0.00 / 0.00 / 1.00 (1)"
 
 
 def test_the_figures_draw_one_width():
@@ -678,3 +678,33 @@ def test_the_papers_numbers_cover_every_model_the_other_findings_draw():
     gen = {a for a, v in paper["atr_gen"].items() if v}
     assert set(paper["atr_gen_mechanism"]) == {(d, a) for d in ("dev", "test") for a in gen}
     assert all(set(v) == set(experiments.SHOWN) for v in paper["atr_gen_mechanism"].values())
+
+
+def test_a_flag_the_sweep_sets_per_run_is_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["--sweep", "atr-attention-nope", "--seeds", "2", "--seed", "7"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--seed" in err and "--seeds N" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_sweep_honours_an_explicit_threads(tmp_path, monkeypatch):
+    started = []
+    monkeypatch.setattr(experiments.subprocess, "Popen", lambda cmd, **kw: started.append(cmd))
+    run = dict(preset="cpu", task="ar", arch="mamba", seed=42)
+    experiments.start_run(run, str(tmp_path / "a"), ["--threads", "1"], threads=2)
+    experiments.start_run(run, str(tmp_path / "b"), [], threads=2)
+    assert started[0].count("--threads") == 1
+    assert started[0][started[0].index("--threads") + 1] == "1"
+    assert started[1][-2:] == ["--threads", "2"]
+
+
+def test_collect_skips_a_damaged_run_in_one_line_and_keeps_the_rest(tmp_path):
+    fake_run(str(tmp_path / "good"), {("block_input", 1, "value"): 1.0}, task="ar", arch="based")
+    for name, text in (("cut", '{"accuracy": 0.'), ("empty", "{}"), ("list", "[1, 2]")):
+        shutil.copytree(tmp_path / "good", tmp_path / name)
+        (tmp_path / name / "metrics.json").write_text(text)
+    lines = []
+    records = experiments.collect(str(tmp_path), log=lines.append)
+    assert [r["folder"] for r in records] == ["good"]
+    assert len(lines) == 3 and all(line.startswith("skipped ") for line in lines)
