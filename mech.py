@@ -612,7 +612,7 @@ def based_layer(cfg, i: int) -> nn.Module:
 
 
 # The registry of architectures: name -> (config, layer index) -> a mixer (b, l, d) -> (b, l, d).
-# A mixer of your own is one more entry (README: "Your own mixer").
+# A mixer of your own is one more entry, checked by register_mixer (README: "Your own mixer").
 MIXERS = {
     "attention": lambda cfg, i: Attention(cfg.d_model, cfg.n_head),
     "base_conv": base_conv_layer,
@@ -1342,6 +1342,7 @@ import io  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
+import runpy  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
@@ -1514,8 +1515,12 @@ class RunFolder:
                  checkpoint_every_s: float = 60.0, log=print):
         self.out, self.cfg, self.force, self.log = out, cfg, force, log
         self.checkpoint_every_s = checkpoint_every_s
-        self.step, self.since, self.curve, self.elapsed = 0, 0, [], 0.0
-        self.finished, self.metrics, self.stops = False, None, []
+        self.step = 0  # optimizer steps done
+        self.since = 0  # the step of the last evaluation: the loss is summed since
+        self.curve = []  # the evaluations
+        self.elapsed = 0.0  # seconds of training before this process resumed it
+        self.finished, self.metrics = False, None
+        self.stops = []  # the stop signals received
 
     def __enter__(self):
         self.exits = contextlib.ExitStack()
@@ -1563,8 +1568,8 @@ class RunFolder:
             raise damaged(path, "made by another configuration")
         load_weights(self.model, state["model"], path)
         load_weights(self.optimizer, state["optimizer"], path)
-        self.step, self.since, self.curve = state["step"], state["since"], state["curve"]
-        self.elapsed = state["elapsed"]
+        self.step, self.since = state["step"], state["since"]
+        self.curve, self.elapsed = state["curve"], state["elapsed"]
         self.loss_sum.fill_(state["loss_sum"])
 
     def save_checkpoint(self):
@@ -1610,7 +1615,8 @@ class RunFolder:
     def finish(self, model: LanguageModel) -> dict:
         """The metrics (the last evaluation's), saved with the model; the checkpoint goes last.
         A stop that came during the last steps is obeyed now, with everything saved."""
-        run_time, final, total = time.time() - self.t_start, self.curve[-1], self.cfg.total_steps
+        run_time, total = time.time() - self.t_start, self.cfg.total_steps
+        final = self.curve[-1]
         metrics = dict(accuracy=final["accuracy"], test_loss=final["test_loss"], steps=total,
                        **{k: final[k] for k in ("dev_accuracy",) if k in final},
                        wall_time_s=round(self.elapsed + run_time, 2),
@@ -1869,7 +1875,42 @@ def build_parser() -> Parser:
                    action=argparse.BooleanOptionalAction)
     p.add_argument("--load", metavar="RUN_DIR", help="analyse a finished run again instead of "
                    "training one")
+    p.add_argument("--mixer-file", metavar="FILE", action="append", help="a Python file to run "
+                   "first, one that registers a mixer of your own (mech.register_mixer)")
     return p
+
+
+def register_mixer(name: str, factory) -> None:
+    """Add an architecture to MIXERS: factory(cfg, layer) -> a module (b, l, d) -> (b, l, d) that
+    is causal. Tried on a small input first: a taken name, another output shape or an output that
+    depends on later positions is refused in one line (ValueError)."""
+    if name in MIXERS:
+        raise ValueError(f"mixer {name!r} is taken ({', '.join(MIXERS)}); choose another name")
+    x = torch.randn(2, 7, 16)
+    mixer = factory(Config(d_model=16), 0)
+    y = mixer(x)
+    if not isinstance(y, torch.Tensor) or y.shape != x.shape:
+        shape = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
+        raise ValueError(f"mixer {name!r} maps (2, 7, 16) to {shape}; a mixer keeps (b, l, d)")
+    if not torch.allclose(mixer(torch.cat([x[:, :6], -x[:, 6:]], 1))[:, :6], y[:, :6]):
+        raise ValueError(f"mixer {name!r} is not causal: position 5's output changes with 6's "
+                         "input")
+    MIXERS[name] = factory
+
+
+def run_mixer_files(paths) -> None:
+    """--mixer-file: run each Python file once (it registers its mixers with register_mixer)."""
+    for path in paths or ():
+        if os.path.abspath(path) in MIXER_FILES:
+            continue
+        MIXER_FILES.add(os.path.abspath(path))
+        try:
+            runpy.run_path(path)
+        except Exception as e:  # its own error, in one line
+            raise ValueError(f"--mixer-file {path}: {type(e).__name__}: {e}") from None
+
+
+MIXER_FILES = set()  # the files run_mixer_files has run
 
 
 def flag_of(name: str) -> str:
@@ -1891,6 +1932,7 @@ def default_out(cfg: Config) -> str:
 
 def config_from_args(args: argparse.Namespace) -> Config:
     """The Config of the flags given, refusing flags that contradict or do not apply here."""
+    run_mixer_files(getattr(args, "mixer_file", None))
     given = {f.name: vars(args)[f.name] for f in dataclasses.fields(Config) if f.name in vars(args)}
     if "steps" in given and "epochs" in given:
         raise ValueError(f"give --steps ({args.steps}) or --epochs ({args.epochs}), not both")
@@ -1951,6 +1993,7 @@ def main(argv=None):
 
 def load_and_analyse(args, parser) -> dict:
     """--load RUN_DIR: analyse a saved run as it was trained."""
+    run_mixer_files(args.mixer_file)
     given = [k for k in vars(args) if k in {f.name for f in dataclasses.fields(Config)}]
     if given or args.out or args.force or not args.interventions:
         parser.error(f"--load analyses a saved run as it was trained: it takes no "
@@ -1990,6 +2033,7 @@ def run(cfg: Config, args) -> dict:
 
 
 if __name__ == "__main__":
+    sys.modules.setdefault("mech", sys.modules["__main__"])  # a --mixer-file's `import mech`
     try:
         main()
     except BrokenPipeError:  # --help piped into a reader that stopped early (`| head`)
