@@ -17,6 +17,8 @@ import mech
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "figures"))
 import experiments  # noqa: E402
+from figures import collect, drawing, sweeps  # noqa: E402
+from figures.paper import PAPER  # noqa: E402
 
 SCRIPT = os.path.join("figures", "experiments.py")
 # mech.py flags given with --sweep apply to every run: these make each run a few seconds long
@@ -29,7 +31,7 @@ ATR_TINY = ["--d-model", "8", "--n-train", "64", "--n-eval", "16", "--no-interve
 
 
 def parse(run):
-    return mech.config_from_args(mech.build_parser().parse_args(experiments.run_args(run)))
+    return mech.config_from_args(mech.build_parser().parse_args(sweeps.run_args(run)))
 
 
 def processes_in(folder) -> list:
@@ -79,38 +81,38 @@ def fake_run(folder, attribs, n_docs=None, **fields):
 # ── enumeration ──────────────────────────────────────────────────────────────────────────────
 
 def test_paper_grids():
-    runs = experiments.sweep_runs("ar-main", "paper", 1)
+    runs = sweeps.sweep_runs("ar-main", "paper", 1)
     cells = collections.Counter((r["arch"], r["d_model"], r["lr"]) for _, r in runs)
     assert len(runs) == 5 * 5 + 6 * 5 * 7 == len(cells)  # attention: LR5; the others LR7; d in 16..256
     assert {d for _, d, _ in cells} == {16, 32, 64, 128, 256}
-    assert {lr for a, _, lr in cells if a == "attention"} == set(experiments.LR5)
+    assert {lr for a, _, lr in cells if a == "attention"} == set(sweeps.LR5)
     assert {lr for a, _, lr in cells if a == "mamba"} == {3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2}
     assert all(r["seed"] == 42 for _, r in runs)
     cfg = parse(runs[0][1])  # the paper's protocol: 16 epochs of 100,032 documents
     assert cfg.total_steps == 50_016 and cfg.schedule == "cosine" and cfg.num_kv == 8192
-    dconv = experiments.sweep_runs("ar-dconv", "paper", 1)
+    dconv = sweeps.sweep_runs("ar-dconv", "paper", 1)
     assert len(dconv) == 5 * 5 * 7 and {parse(r).d_conv for _, r in dconv} == {0, 1, 2, 3, 4}
-    atr = experiments.sweep_runs("atr-main", "paper", 2)
+    atr = sweeps.sweep_runs("atr-main", "paper", 2)
     assert len(atr) == 3 * 7 * 5 * 5 * 2
     cfgs = [parse(r) for _, r in atr[:: 50]]
     assert all(c.task == "atr" and c.total_steps == 100_032 for c in cfgs)
-    based = {(parse(r).arch, parse(r).d_conv, parse(r).long_conv) for _, r in experiments.sweep_runs("ar-based-conv", "paper", 1)}
+    based = {(parse(r).arch, parse(r).d_conv, parse(r).long_conv) for _, r in sweeps.sweep_runs("ar-based-conv", "paper", 1)}
     assert based == {("based", k, False) for k in (1, 2, 3, 4)} | {("based", 3, True), ("base_conv", None, True)}
 
 
 def test_cpu_scale_uses_the_presets_with_seeds():
-    runs = experiments.sweep_runs("ar-main", "cpu", 3)
+    runs = sweeps.sweep_runs("ar-main", "cpu", 3)
     assert len(runs) == 7 * 3 and len({name for name, _ in runs}) == 21
     cfgs = [parse(r) for _, r in runs]
     assert {c.seed for c in cfgs} == {42, 43, 44}
     assert all(c.d_model == 64 for c in cfgs)
     mamba = next(c for c in cfgs if c.arch == "mamba")
     assert mamba.fresh_data and mamba.lr == 3e-3  # the per-architecture CPU recipe applies
-    assert len(experiments.sweep_runs("atr-mamba-dconv", "cpu", 3)) == 15
-    layers = {(parse(r).arch, parse(r).n_layer) for _, r in experiments.sweep_runs("ar-layers", "cpu", 1)}
+    assert len(sweeps.sweep_runs("atr-mamba-dconv", "cpu", 3)) == 15
+    layers = {(parse(r).arch, parse(r).n_layer) for _, r in sweeps.sweep_runs("ar-layers", "cpu", 1)}
     # 2 layers come from ar-main; a 1-layer Based would be the 1-layer BaseConv
-    assert layers == {(a, n) for a in experiments.ARCHS for n in (1, 3)} - {("based", 1)}
-    nope = experiments.sweep_runs("atr-attention-nope", "cpu", 1)  # a False flag is named and passed as --no-...
+    assert layers == {(a, n) for a in sweeps.ARCHS for n in (1, 3)} - {("based", 1)}
+    nope = sweeps.sweep_runs("atr-attention-nope", "cpu", 1)  # a False flag is named and passed as --no-...
     assert [name for name, _ in nope] == ["atr_easy_attention_nope_s42", "atr_medium_attention_nope_s42"]
     assert all(parse(r).pos_emb is False for _, r in nope)
 
@@ -121,8 +123,8 @@ def test_variants_name_the_departures_from_the_papers_main_runs():
             dict(base, arch="mamba", d_conv=4, pos_emb=False), dict(base, arch="mamba", d_conv=0, pos_emb=False),
             dict(base, arch="based", d_conv=3, pos_emb=True, long_conv=True)]
     names = ["attention", "attention NoPE", "mamba", "mamba d_conv 0", "based long conv PE"]
-    assert [r["arch"] + experiments.conv_variant(r) + experiments.pe_variant(r) for r in recs] == names
-    assert sorted(row[1] for row in table_rows(experiments.summary_table(recs))) == sorted(names)
+    assert [r["arch"] + collect.conv_variant(r) + collect.pe_variant(r) for r in recs] == names
+    assert sorted(row[1] for row in table_rows(collect.summary_table(recs))) == sorted(names)
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -264,78 +266,78 @@ def test_depth_figures_and_the_per_layer_attribution(tmp_path):
 def test_a_depth_figure_says_why_each_slot_is_empty():
     """The 1-layer Based is never run (its one layer would be BaseConv's); any other empty slot is
     a run not collected (a sweep still running), not put down to Based."""
-    series = [experiments.Series(experiments.layers_label(n), "C0", "o", lambda r: r["accuracy"],
-                                 keep=lambda r, n=n: r["n_layer"] == n) for n in (1, 2)]
-    column = lambda arch, *depths: experiments.Column(arch, [dict(n_layer=n) for n in depths])
-    note = experiments.not_run_note([column("based", 2), column("mamba", 1, 2)], series, "s")
+    series = [drawing.Series(drawing.layers_label(n), "C0", "o", lambda r: r["accuracy"],
+                             keep=lambda r, n=n: r["n_layer"] == n) for n in (1, 2)]
+    column = lambda arch, *depths: drawing.Column(arch, [dict(n_layer=n) for n in depths])
+    note = drawing.not_run_note([column("based", 2), column("mamba", 1, 2)], series, "s")
     assert len(note) == 1 and "(based, 1 layer)" in note[0] and "no 1-layer Based" in note[0]
-    note = experiments.not_run_note([column("based", 2), column("mamba", 1)], series, "s")
+    note = drawing.not_run_note([column("based", 2), column("mamba", 1)], series, "s")
     assert len(note) == 2 and "(mamba, 2 layers): not among the runs collected" in note[1]
-    assert experiments.not_run_note([column("mamba", 1, 2)], series, "s") == []
+    assert drawing.not_run_note([column("mamba", 1, 2)], series, "s") == []
 
 
 def test_best_over_lr_picks_the_best_run_per_seed():
     recs = [dict(arch="a", d_model=64, seed=s, lr=lr, accuracy=acc, dev_accuracy=None)
             for s, lr, acc in ((1, 1e-3, 0.5), (1, 3e-3, 0.9), (2, 1e-3, 0.7), (2, 3e-3, 0.2))]
-    best = experiments.best_over_lr(recs, "arch")
+    best = collect.best_over_lr(recs, "arch")
     assert [r["accuracy"] for r in best["a", 64]] == [0.9, 0.7]
     recs[1]["dev_accuracy"], recs[0]["dev_accuracy"] = 0.1, 0.8  # with a dev set, the dev accuracy chooses
-    assert experiments.best_over_lr(recs, "arch")["a", 64][0]["accuracy"] == 0.5
+    assert collect.best_over_lr(recs, "arch")["a", 64][0]["accuracy"] == 0.5
 
 
 def test_the_caption_names_the_rates_tried_and_the_one_each_seed_kept():
     runs = [record(f"{a}{s}{lr}", acc, arch=a, task="atr", lr=lr, seed=s)
             for a, s, lr, acc in (("h3", 42, 1e-3, 0.5), ("h3", 42, 3e-3, 0.9), ("h3", 43, 3e-3, 0.8),
                                   ("mamba", 42, 1e-3, 0.9), ("mamba", 42, 3e-3, 0.1))]
-    note = experiments.scale_note(runs)
+    note = drawing.scale_note(runs)
     assert "best of the learning rates 0.001, 0.003 (kept: 0.003 (mamba 0.001))" in note
     assert "; seed 43 only at seed 42's kept rate;" in note
-    one = experiments.scale_note([r for r in runs if r["lr"] == 3e-3])
+    one = drawing.scale_note([r for r in runs if r["lr"] == 3e-3])
     assert "one learning rate per model, 0.003" in one and "kept" not in one
 
 
 # ── what a sweep counts as done, and how it stops ────────────────────────────────────────────
 
 def test_sweep_flags_name_their_own_runs():
-    plain = [name for name, _ in experiments.sweep_runs("ar-dconv", "cpu", 1)]
-    quick = [name for name, _ in experiments.sweep_runs("ar-dconv", "cpu", 1, experiments.sweep_overrides(["--steps", "1500"]))]
-    longer = [name for name, _ in experiments.sweep_runs("ar-dconv", "cpu", 1, experiments.sweep_overrides(["--steps", "3000"]))]
+    plain = [name for name, _ in sweeps.sweep_runs("ar-dconv", "cpu", 1)]
+    quick = [name for name, _ in sweeps.sweep_runs("ar-dconv", "cpu", 1, sweeps.sweep_overrides(["--steps", "1500"]))]
+    longer = [name for name, _ in sweeps.sweep_runs("ar-dconv", "cpu", 1, sweeps.sweep_overrides(["--steps", "3000"]))]
     assert plain[0] == "ar_mamba_dconv0_s42" and re.fullmatch(r"ar_mamba_dconv0_s42_x[0-9a-f]{8}", quick[0])
     assert len(set(plain + quick + longer)) == 15  # a quick look never shares a folder with the full sweep
     # flags that do not change what is trained leave the names alone: --force can start a folder over
-    assert experiments.sweep_overrides(["--steps", "1500", "--force", "--device", "cpu", "--no-interventions"]) == {"steps": 1500}
+    assert sweeps.sweep_overrides(["--steps", "1500", "--force", "--device", "cpu", "--no-interventions"]) == {"steps": 1500}
 
 
 def test_a_run_is_done_only_if_its_folder_holds_that_very_run(tmp_path):
-    run = experiments.sweep_runs("ar-dconv", "cpu", 1)[0][1]
-    cfg = experiments.run_config(run, TINY)
+    run = sweeps.sweep_runs("ar-dconv", "cpu", 1)[0][1]
+    cfg = sweeps.run_config(run, TINY)
     folder = tmp_path / "run"
     folder.mkdir()
     write_config = lambda c: mech.write_json(str(folder / "config.json"), c)
     write_config(dataclasses.asdict(cfg))
-    assert not experiments.finished(str(folder), cfg)  # not finished: no metrics.json
+    assert not sweeps.finished(str(folder), cfg)  # not finished: no metrics.json
     (folder / "metrics.json").write_text("{}")
-    assert experiments.finished(str(folder), cfg)
-    assert not experiments.finished(str(folder), experiments.run_config(run, TINY + ["--steps", "7"]))
+    assert sweeps.finished(str(folder), cfg)
+    assert not sweeps.finished(str(folder), sweeps.run_config(run, TINY + ["--steps", "7"]))
     old = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("preset", "atr", "bucket", "grammar_seed", "held_out")}
     write_config(old)  # an older mech.py's config.json: its missing fields take their defaults
-    assert experiments.finished(str(folder), cfg)
+    assert sweeps.finished(str(folder), cfg)
     write_config(dict(old, no_such_field=1))  # damaged, foreign, missing: not done (mech.py will say why)
-    assert not experiments.finished(str(folder), cfg)
+    assert not sweeps.finished(str(folder), cfg)
     (folder / "config.json").write_text("{")
-    assert not experiments.finished(str(folder), cfg)
+    assert not sweeps.finished(str(folder), cfg)
     (folder / "config.json").unlink()
-    assert not experiments.finished(str(folder), cfg)
+    assert not sweeps.finished(str(folder), cfg)
 
 
 def test_a_failed_sweep_says_so_in_one_line_and_force_starts_its_folders_over(tmp_path):
     flags = ATR_TINY + ["--steps", "20", "--eval-every", "10"]
     args = [sys.executable, SCRIPT, "--sweep", "atr-attention-nope", "--seeds", "1", "--jobs", "2", "--sweep-dir",
             str(tmp_path), "--figures-dir", str(tmp_path / "figures"), *flags]
-    runs = experiments.sweep_runs("atr-attention-nope", "cpu", 1, experiments.sweep_overrides(flags))
+    runs = sweeps.sweep_runs("atr-attention-nope", "cpu", 1, sweeps.sweep_overrides(flags))
     (easy, easy_run), (medium, _) = ((tmp_path / name, run) for name, run in runs)
     easy.mkdir()  # a finished run of another seed under this run's name; a damaged config.json
-    mech.write_json(str(easy / "config.json"), dataclasses.asdict(experiments.run_config(easy_run, flags + ["--seed", "7"])))
+    mech.write_json(str(easy / "config.json"), dataclasses.asdict(sweeps.run_config(easy_run, flags + ["--seed", "7"])))
     (easy / "metrics.json").write_text("{}")
     medium.mkdir()
     (medium / "config.json").write_text('{"task": "at')
@@ -348,7 +350,7 @@ def test_a_failed_sweep_says_so_in_one_line_and_force_starts_its_folders_over(tm
     assert "holds another run" in (easy / "log.txt").read_text() and "corrupt" in (medium / "log.txt").read_text()
     r = subprocess.run(args + ["--force"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "0 of 2 runs already done" in r.stdout, r.stdout + r.stderr  # the same folders
-    assert all(experiments.finished(str(tmp_path / name), experiments.run_config(run, flags)) for name, run in runs)
+    assert all(sweeps.finished(str(tmp_path / name), sweeps.run_config(run, flags)) for name, run in runs)
 
 
 def test_a_stopped_sweep_stops_its_runs_at_a_checkpoint_and_resumes(tmp_path):
@@ -386,37 +388,37 @@ def test_runs_that_differ_in_more_than_their_seed_are_never_averaged():
     full.append(dict(old, seed=44, folder="old44", accuracy=0.7))  # an older mech.py's: the same run
     quick = [record(f"quick{s}", acc, **mamba, steps=1500, seed=s) for s, acc in ((42, 0.1), (43, 0.2))]
     small = [record("small42", 0.5, **mamba, n_train=64, seed=42)]
-    rows = table_rows(experiments.summary_table(full + quick + small))
+    rows = table_rows(collect.summary_table(full + quick + small))
     # the rows the columns cannot tell apart name their other differences
     assert [(row[1], row[5], row[6].split()[0]) for row in rows] == [
         ("mamba (n_train 100032, steps 1500)", "2", "0.150"), ("mamba (n_train 100032, steps 20000)", "3", "0.800"),
         ("mamba (n_train 64, steps 20000)", "1", "0.500")]
-    assert [row[1] for row in table_rows(experiments.summary_table(full))] == ["mamba"]
+    assert [row[1] for row in table_rows(collect.summary_table(full))] == ["mamba"]
     # the best learning rate is chosen within a configuration: the quick look's does not stand in for the full run's
     lrs = [dict(r, lr=1e-2, accuracy=r["accuracy"] - 0.05, folder=r["folder"] + "lr") for r in full]
-    best = experiments.best_over_lr(full + lrs + [dict(quick[0], accuracy=0.95)], "arch")
+    best = collect.best_over_lr(full + lrs + [dict(quick[0], accuracy=0.95)], "arch")
     assert sorted(r["folder"] for r in best["mamba", 64]) == ["full42", "full43", "old44", "quick42"]
     # the figures draw each model from one protocol, the one with the most runs, and name the others
     notes = []
-    drawn = experiments.one_protocol(full + quick + small, log=notes.append)
+    drawn = collect.one_protocol(full + quick + small, log=notes.append)
     assert [r["folder"] for r in drawn] == ["full42", "full43", "old44"]
     assert len(notes) == 1 and all(name in notes[0] for name in ("quick42", "quick43", "small42"))
 
 
 # ── figures that stand alone: the paper's numbers, every run visible, summaries that are runs ─
 
-def sweep_records(*sweeps):
+def sweep_records(*names):
     """Records (accuracy 0.5) of the CPU-scale runs of the sweeps, one seed."""
-    return [record(name, 0.5, **dataclasses.asdict(parse(run))) for sweep in sweeps
-            for name, run in experiments.sweep_runs(sweep, "cpu", 1)]
+    return [record(name, 0.5, **dataclasses.asdict(parse(run))) for sweep in names
+            for name, run in sweeps.sweep_runs(sweep, "cpu", 1)]
 
 
 def test_the_papers_numbers_cover_every_model_the_accuracy_figures_draw():
-    paper = experiments.PAPER
-    widths = len(experiments.WIDTHS)
-    ar = experiments.main_ar(sweep_records("ar-main"))
-    assert {r["arch"] for r in ar} == set(experiments.ARCHS) == set(paper["ar_accuracy"])
-    _, settings, models = experiments.main_atr(sweep_records("atr-main", "atr-attention-nope"))
+    paper = PAPER
+    widths = len(sweeps.WIDTHS)
+    ar = collect.main_ar(sweep_records("ar-main"))
+    assert {r["arch"] for r in ar} == set(sweeps.ARCHS) == set(paper["ar_accuracy"])
+    _, settings, models = collect.main_atr(sweep_records("atr-main", "atr-attention-nope"))
     assert "attention NoPE" in models  # every (setting, model) drawn: a number, or None (none)
     assert {(s, m) for s in settings for m in models} <= set(paper["atr_accuracy"])
     assert set(paper["atr_copy_next_token"]) == set(mech.ATR_SETTINGS) == set(settings)
@@ -424,9 +426,9 @@ def test_the_papers_numbers_cover_every_model_the_accuracy_figures_draw():
         for values in paper[table].values():
             assert values is None or (len(values) == widths and all(0 <= v <= 1 for v in values))
     # the number beside ours is the paper's at our width, none at a width it did not train
-    assert experiments.paper_accuracy(paper["ar_accuracy"]["mamba"], ar) == (0.806,)
-    assert experiments.paper_accuracy(paper["ar_accuracy"]["mamba"], [dict(d_model=8)]) == (None,)
-    assert experiments.paper_accuracy(None, ar) == (None,)  # DeltaNet: v3 gives no number
+    assert drawing.paper_accuracy(paper["ar_accuracy"]["mamba"], ar) == (0.806,)
+    assert drawing.paper_accuracy(paper["ar_accuracy"]["mamba"], [dict(d_model=8)]) == (None,)
+    assert drawing.paper_accuracy(None, ar) == (None,)  # DeltaNet: v3 gives no number
 
 
 @pytest.mark.parametrize("ys, mark", [
@@ -434,22 +436,21 @@ def test_the_papers_numbers_cover_every_model_the_accuracy_figures_draw():
     ([0.5], None), ([0.1, 0.2], None),  # fewer than 3 runs: no middle one
     ([0.1, 0.4, 0.2, 0.3], 0.2)])  # an even number: the lower middle run
 def test_the_summary_mark_is_the_median_run_or_none(ys, mark):
-    assert experiments.summary_mark(ys) == mark
+    assert drawing.summary_mark(ys) == mark
     assert mark is None or mark in ys  # a bar always lies on a run
 
 
 def test_runs_with_the_same_value_are_drawn_apart_and_beside_the_papers_mark():
     runs = [record(f"r{s}", 0.706, arch="mamba", seed=s) for s in (44, 42, 43)]
-    fig, ax = experiments.plt.subplots()
-    experiments.strip_panel(ax, [experiments.Column("mamba", runs, (0.806,))],
-                            [experiments.ACCURACY])
+    fig, ax = drawing.plt.subplots()
+    drawing.strip_panel(ax, [drawing.Column("mamba", runs, (0.806,))], [drawing.ACCURACY])
     seeds, paper = (c.get_offsets() for c in ax.collections
                     if type(c).__name__ == "PathCollection")  # the markers, not the median bar
-    experiments.plt.close(fig)
+    drawing.plt.close(fig)
     xs = list(seeds[:, 0])
     assert len(set(xs)) == 3 and xs == sorted(xs) and set(seeds[:, 1]) == {0.706}
     assert paper[0, 0] > max(xs) and paper[0, 1] == 0.806
-    assert len(set(experiments.spread_x(0.0, 5, 0.3))) == 5
+    assert len(set(drawing.spread_x(0.0, 5, 0.3))) == 5
 
 
 def test_collect_tells_old_value_plus_one_cells_from_new(tmp_path):
@@ -457,15 +458,15 @@ def test_collect_tells_old_value_plus_one_cells_from_new(tmp_path):
     conv = {("conv_output", 0, "value+1"): 0.9, ("block_input", 1, "key"): 0.6}
     fake_run(tmp_path / "old", conv, **mamba, seed=42)  # an older analysis: no "n"
     fake_run(tmp_path / "new", conv, n_docs=320, **mamba, seed=43)
-    new, old = experiments.collect(str(tmp_path))  # in the order of their folders' names
+    new, old = collect.collect(str(tmp_path))  # in the order of their folders' names
     assert old["conv"]["value+1"] == new["conv"]["value+1"] == 0.9
     assert old["conv_docs"]["value+1"] is None and new["conv_docs"]["value+1"] == 280
-    assert experiments.all_documents(old, "value+1") and not experiments.all_documents(new, "value+1")
+    assert collect.all_documents(old, "value+1") and not collect.all_documents(new, "value+1")
     assert new["n_docs"] == 320 and old["n_docs"] is None
     assert old["attrib"]["key"] == 0.6  # the rows' main setting, not the stored "main"
-    notes = experiments.summary_table([old, new]).split("\n\n")[1]
+    notes = collect.summary_table([old, new]).split("\n\n")[1]
     assert "1 of 2 runs were analysed over all documents" in notes
-    assert experiments.mamba_conv_restored([old, new], str(tmp_path)) == [
+    assert drawing.mamba_conv_restored([old, new], str(tmp_path)) == [
         str(tmp_path / "mamba_conv_restored.png")]
 
 
@@ -474,15 +475,15 @@ def test_collect_tells_old_value_plus_one_cells_from_new(tmp_path):
 def test_a_one_layer_model_is_read_at_its_mixer_output_not_the_embedding(tmp_path):
     fake_run(tmp_path / "one", {("block_input", 0, "key"): 1.0, ("mixer_output", 0, "query"): 1.0},
              arch="mamba", n_layer=1)
-    rec, = experiments.collect(str(tmp_path))
+    rec, = collect.collect(str(tmp_path))
     assert (rec["attrib"]["key"], rec["attrib"]["query"]) == (0.0, 1.0)
-    assert table_rows(experiments.summary_table([rec]))[0][7] == "0.00 / 0.00 / 1.00 (1)"
+    assert table_rows(collect.summary_table([rec]))[0][7] == "0.00 / 0.00 / 1.00 (1)"
 
 
 def test_the_figures_draw_one_width():
     recs = [record(f"d{d}s{s}", 0.5, d_model=d, seed=s) for d in (32, 64) for s in (42, 43)]
     notes = []
-    assert {r["d_model"] for r in experiments.one_width(recs, notes.append)} == {64}
+    assert {r["d_model"] for r in collect.one_width(recs, notes.append)} == {64}
     assert len(notes) == 1 and "d = 32" in notes[0]
 
 
@@ -506,9 +507,9 @@ def test_the_dynamics_table_says_what_comes_first(tmp_path):
     acc = {100: 0.0, 200: 0.1, 300: 0.6, 400: 1.0}
     watched_run(tmp_path / "a", 42, {100: 0.9, 200: 0.7, 300: 1.0, 400: 1.0}, acc)  # mechanism first
     watched_run(tmp_path / "b", 43, {100: 0.0, 200: 0.1, 300: 0.3, 400: 1.0}, acc)  # accuracy first
-    records = experiments.collect(str(tmp_path))
+    records = collect.collect(str(tmp_path))
     assert all([p["step"] for p in r["dynamics"]] == [100, 200, 300, 400] for r in records)
-    rows = [line.split(" | ") for line in experiments.dynamics_table(records).splitlines()[2:]]
+    rows = [line.split(" | ") for line in collect.dynamics_table(records).splitlines()[2:]]
     # the 0.9 at step 100 does not count: the Key did not matter yet (effect below the filter)
     assert [(r[1], r[3], r[4], r[5], r[6]) for r in rows] == [
         ("42", "value", "200", "300", "mechanism, by 100 steps |"),
@@ -516,21 +517,21 @@ def test_the_dynamics_table_says_what_comes_first(tmp_path):
     # a run that never learns has no moment its accuracy rises (not its first evaluation's step)
     watched_run(tmp_path / "c", 44, {100: 0.0, 200: 0.7, 300: 0.7, 400: 0.7}, dict.fromkeys(acc, 0))
     rows = [line.split(" | ") for line in
-            experiments.dynamics_table(experiments.collect(str(tmp_path))).splitlines()[2:]]
+            collect.dynamics_table(collect.collect(str(tmp_path))).splitlines()[2:]]
     assert [(r[1], r[4], r[5], r[6]) for r in rows if r[1] == "44"] == [("44", "200", "never", "- |")]
     os.makedirs(tmp_path / "figs")
-    assert experiments.mechanism_dynamics(records, str(tmp_path / "figs")) == [
+    assert drawing.mechanism_dynamics(records, str(tmp_path / "figs")) == [
         str(tmp_path / "figs" / "mechanism_dynamics.png")]
 
 
 def test_the_sweeps_of_the_papers_other_findings():
     """App. D.1 (pos_embed), D.2 (atr_layers), §5.3 (atr_gen) and D.4 (multihop)."""
-    cfgs = lambda sweep, scale="cpu", seeds=1: [parse(r) for _, r in experiments.sweep_runs(sweep, scale, seeds)]
+    cfgs = lambda sweep, scale="cpu", seeds=1: [parse(r) for _, r in sweeps.sweep_runs(sweep, scale, seeds)]
     pe = cfgs("pos-embed")
     assert len(pe) == 3 * 7 and all(c.pos_emb == (c.arch != "attention") for c in pe)
     assert {(c.task, c.atr if c.task == "atr" else None) for c in pe} == {("ar", None), ("atr", "easy"), ("atr", "medium")}
     one = cfgs("atr-layers")
-    assert {c.arch for c in one} == set(experiments.ARCHS) - {"based"} and {c.n_layer for c in one} == {1}
+    assert {c.arch for c in one} == set(sweeps.ARCHS) - {"based"} and {c.n_layer for c in one} == {1}
     gen = cfgs("atr-gen", seeds=3)
     assert all(c.held_out == 0.2 and c.schedule == "wsd" for c in gen)  # the CPU preset, three rates
     assert {c.lr for c in gen} == {3e-4, 1e-3, 3e-3} and {c.n_layer for c in gen} == {1, 2, 3}
@@ -538,7 +539,7 @@ def test_the_sweeps_of_the_papers_other_findings():
     assert {c.schedule for c in cfgs("atr-gen", "paper")} == {"linear"}  # the paper's, held out
     sib = cfgs("atr-sibling")
     assert all(c.atr_query == "sibling" and c.atr == "easy" for c in sib) and len(sib) == 3 * 7 - 1
-    names = [name for name, _ in experiments.sweep_runs("atr-gen", "cpu", 1)]
+    names = [name for name, _ in sweeps.sweep_runs("atr-gen", "cpu", 1)]
     assert "atr_easy_heldout0.2_mamba_layers2_lr0.001_s42" in names and len(set(names)) == len(names)
 
 
@@ -588,28 +589,28 @@ def finding_runs(root):
                                 held_out=0.2, arch=arch, n_layer=n, lr=lr, seed=seed)
 
 
-FINDINGS = {"pos_embed.png": experiments.pos_embed, "atr_layers.png": experiments.atr_layers,
-            "atr_gen.png": experiments.atr_gen, "atr_sibling.png": experiments.atr_sibling}
+FINDINGS = {"pos_embed.png": drawing.pos_embed, "atr_layers.png": drawing.atr_layers,
+            "atr_gen.png": drawing.atr_gen, "atr_sibling.png": drawing.atr_sibling}
 
 
 def test_the_other_findings_are_drawn_from_their_runs_only(tmp_path):
     main_runs(tmp_path / "main")
-    main = experiments.collect(str(tmp_path / "main"))
+    main = collect.collect(str(tmp_path / "main"))
     assert all(figure(main, str(tmp_path)) == [] for figure in FINDINGS.values())
-    assert set(FINDINGS.values()) <= set(experiments.FIGURES)
+    assert set(FINDINGS.values()) <= set(drawing.FIGURES)
     finding_runs(tmp_path / "all")
-    records = experiments.collect(str(tmp_path / "all"))
+    records = collect.collect(str(tmp_path / "all"))
     for name, figure in FINDINGS.items():
         assert figure(records, str(tmp_path)) == [str(tmp_path / name)]
     # §5.3: each seed at the learning rate of its best dev accuracy, not of its best test accuracy
     gen = [r for r in records if r["held_out"]]
-    assert {r["lr"] for r in experiments.best_runs(gen)} == {1e-3}
+    assert {r["lr"] for r in collect.best_runs(gen)} == {1e-3}
     # and the dev documents' Attribs beside the test documents' (atr_gen_box.pdf's two halves)
     assert all(r["attrib"]["value"] == 1 and r["dev"]["attrib"]["query"] == 1
                and r["dev"]["attrib"]["value"] == 0 for r in gen)
     # the caption counts the runs past the filter on each set of documents the panels read
     on_dev = [r | r["dev"] | dict(effect=0.0) for r in gen[:1]] + gen[1:]  # one fails on dev
-    note = experiments.filter_note(gen, (("dev", lambda runs: on_dev), ("test", list)))
+    note = drawing.filter_note(gen, (("dev", lambda runs: on_dev), ("test", list)))
     assert f"dev: {len(gen) - 1} of {len(gen)} runs pass; test: {len(gen)} of {len(gen)}" in note
 
 
@@ -619,7 +620,7 @@ def test_deeper_held_out_runs_are_read_at_the_second_layers_input_too(tmp_path):
     fake_run(tmp_path / "deep", {("block_input", 1, "value"): 1.0,
                                  ("block_input", 2, "query"): 1.0}, task="atr", n_layer=3)
     fake_run(tmp_path / "two", {("block_input", 1, "value"): 1.0}, task="atr", n_layer=2)
-    deep, two = sorted(experiments.collect(str(tmp_path)), key=lambda r: r["n_layer"])[::-1]
+    deep, two = sorted(collect.collect(str(tmp_path)), key=lambda r: r["n_layer"])[::-1]
     assert deep["attrib"]["query"] == 1 and deep["attrib_second"]["value"] == 1
     assert deep["attrib_second"]["query"] == 0 and two["attrib_second"] is None
 
@@ -632,36 +633,36 @@ def test_panels_that_share_their_columns_give_each_architecture_the_same_column(
     finding_run(tmp_path, "pe_ar_mamba", 0.3, arch="mamba", pos_emb=True)  # AR only
     finding_run(tmp_path, "pe_atr_based", 0.7, task="atr", arch="based", pos_emb=True)  # ATR only
     labels = []
-    monkeypatch.setattr(experiments, "strip_panel",
+    monkeypatch.setattr(drawing, "strip_panel",
                         lambda ax, columns, series: labels.append([c.label for c in columns]))
-    experiments.pos_embed(experiments.collect(str(tmp_path)), str(tmp_path))
+    drawing.pos_embed(collect.collect(str(tmp_path)), str(tmp_path))
     assert labels == [["attention", "based", "mamba"]] * 2  # the AR and the ATR easy panel
 
 
 def test_the_main_figures_leave_the_other_findings_runs_out(tmp_path):
     finding_runs(tmp_path)
-    records = experiments.collect(str(tmp_path))
-    rs, settings, models = experiments.main_atr(records)
+    records = collect.collect(str(tmp_path))
+    rs, settings, models = collect.main_atr(records)
     assert settings == ["easy"] and models == ["attention", "attention NoPE", "mamba"]
     # no sibling, held-out, 1-layer or PE runs; pos-embed's Attention NoPE is atr-attention-nope's
     assert {r["folder"].split("_")[0] for r in rs if r["pos_emb"]} == {"atr"}
-    assert {r["folder"].split("_")[0] for r in experiments.main_ar(records)} == {"ar"}
-    assert not any(experiments.main_variant(r) for r in records
+    assert {r["folder"].split("_")[0] for r in collect.main_ar(records)} == {"ar"}
+    assert not any(collect.main_variant(r) for r in records
                    if r["folder"].startswith(("sib", "gen", "pe")))
-    tasks = {row[0].strip("| ") for row in table_rows(experiments.summary_table(records))}
+    tasks = {row[0].strip("| ") for row in table_rows(collect.summary_table(records))}
     assert tasks == {"ar", "atr easy", "atr easy sibling", "atr easy held-out 0.2"}
     # a sibling run is a model of its own: its protocol is not weighed against the parent's
     quick = [dict(r, steps=1500, folder="q" + r["folder"]) for r in rs if r["arch"] == "mamba"]
     siblings = [dict(r, atr_query="sibling", steps=1500, folder="s" + r["folder"]) for r in quick]
-    assert len(experiments.one_protocol(rs + siblings, log=lambda _: None)) == len(rs + siblings)
-    assert len(experiments.one_protocol(rs + quick, log=lambda _: None)) == len(rs)
+    assert len(collect.one_protocol(rs + siblings, log=lambda _: None)) == len(rs + siblings)
+    assert len(collect.one_protocol(rs + quick, log=lambda _: None)) == len(rs)
 
 
 def test_the_papers_numbers_cover_every_model_the_other_findings_draw():
-    paper, widths = experiments.PAPER, len(experiments.WIDTHS)
+    paper, widths = PAPER, len(sweeps.WIDTHS)
     pe = sweep_records("pos-embed", "ar-main", "atr-main")
-    tables = [(paper["pos_embed"], {(experiments.pe_setting(r), r["arch"], p) for r in pe
-                                    if experiments.pe_setting(r) in experiments.PE_SETTINGS
+    tables = [(paper["pos_embed"], {(drawing.pe_setting(r), r["arch"], p) for r in pe
+                                    if drawing.pe_setting(r) in drawing.PE_SETTINGS
                                     for p in ("PE", "NoPE")}),
               (paper["atr_layers"], {r["arch"] for r in sweep_records("atr-layers")}),
               (paper["atr_gen"], {r["arch"] for r in sweep_records("atr-gen")}),
@@ -677,7 +678,7 @@ def test_the_papers_numbers_cover_every_model_the_other_findings_draw():
     # atr_gen_box.pdf's medians: dev and test for each model atr_gen.pdf has, keyed as SHOWN
     gen = {a for a, v in paper["atr_gen"].items() if v}
     assert set(paper["atr_gen_mechanism"]) == {(d, a) for d in ("dev", "test") for a in gen}
-    assert all(set(v) == set(experiments.SHOWN) for v in paper["atr_gen_mechanism"].values())
+    assert all(set(v) == set(drawing.SHOWN) for v in paper["atr_gen_mechanism"].values())
 
 
 def test_a_flag_the_sweep_sets_per_run_is_refused(capsys):
@@ -688,12 +689,26 @@ def test_a_flag_the_sweep_sets_per_run_is_refused(capsys):
     assert "--seed" in err and "--seeds N" in err and len(err.strip().splitlines()) == 1
 
 
+def test_the_mixer_sweep_takes_its_architecture_from_the_sweeps_arch(capsys):
+    """The sweep "mixer" (for a mixer of your own, registered in mech.MIXERS) sets no architecture
+    per run: --arch, given to the whole sweep, is not refused, and the run folders' names say so."""
+    runs = sweeps.sweep_runs("mixer", "cpu", 3)
+    assert len(runs) == 6 and not any("arch" in run for _, run in runs)
+    assert {(run["task"], run.get("atr")) for _, run in runs} == {("ar", None), ("atr", "easy")}
+    experiments.main(["--sweep", "mixer", "--arch", "mamba", "--print-commands"])
+    commands = [shlex.split(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert len(commands) == 6
+    for cmd in commands:
+        assert cmd[cmd.index("--arch") + 1] == "mamba" and cmd.count("--arch") == 1
+        assert re.search(r"_s4[234]_x[0-9a-f]{8}$", cmd[cmd.index("--out") + 1])
+
+
 def test_a_sweep_honours_an_explicit_threads(tmp_path, monkeypatch):
     started = []
-    monkeypatch.setattr(experiments.subprocess, "Popen", lambda cmd, **kw: started.append(cmd))
+    monkeypatch.setattr(sweeps.subprocess, "Popen", lambda cmd, **kw: started.append(cmd))
     run = dict(preset="cpu", task="ar", arch="mamba", seed=42)
-    experiments.start_run(run, str(tmp_path / "a"), ["--threads", "1"], threads=2)
-    experiments.start_run(run, str(tmp_path / "b"), [], threads=2)
+    sweeps.start_run(run, str(tmp_path / "a"), ["--threads", "1"], threads=2)
+    sweeps.start_run(run, str(tmp_path / "b"), [], threads=2)
     assert started[0].count("--threads") == 1
     assert started[0][started[0].index("--threads") + 1] == "1"
     assert started[1][-2:] == ["--threads", "2"]
@@ -705,6 +720,6 @@ def test_collect_skips_a_damaged_run_in_one_line_and_keeps_the_rest(tmp_path):
         shutil.copytree(tmp_path / "good", tmp_path / name)
         (tmp_path / name / "metrics.json").write_text(text)
     lines = []
-    records = experiments.collect(str(tmp_path), log=lines.append)
+    records = collect.collect(str(tmp_path), log=lines.append)
     assert [r["folder"] for r in records] == ["good"]
     assert len(lines) == 3 and all(line.startswith("skipped ") for line in lines)

@@ -3,13 +3,12 @@ figures/runs, they match the generated tables (figures/runs/numbers.md, runs/cpu
 and the prose of figures/README.md and README.md quotes them."""
 import os
 import re
-import sys
 
 import pytest
 
+from figures import collect
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "figures"))
-import experiments  # noqa: E402
 
 RUNS = os.path.join(ROOT, "figures", "runs")
 REPORT = open(os.path.join(ROOT, "figures", "README.md")).read()
@@ -19,19 +18,19 @@ LABELS = ("reproduced", "direction only", "partly", "not reproduced")
 
 @pytest.fixture(scope="module")
 def records():
-    return experiments.collect(os.path.join(RUNS, "cpu_preset"))
+    return collect.collect(os.path.join(RUNS, "cpu_preset"))
 
 
 @pytest.fixture(scope="module")
 def items(records):
-    return experiments.report_numbers(RUNS, records)
+    return collect.report_numbers(RUNS, records)
 
 
 def test_the_generated_tables_are_those_of_the_runs(records, items):
     with open(os.path.join(RUNS, "numbers.md")) as f:
-        assert f.read() == experiments.NUMBERS_HEAD + experiments.numbers_table(items)
-    table = "\n\n".join(filter(None, (experiments.summary_table(records),
-                                      experiments.dynamics_table(records))))
+        assert f.read() == collect.NUMBERS_HEAD + collect.numbers_table(items)
+    table = "\n\n".join(filter(None, (collect.summary_table(records),
+                                      collect.dynamics_table(records))))
     with open(os.path.join(RUNS, "cpu_preset", "summary.md")) as f:
         assert f.read() == table + "\n"
 
@@ -64,7 +63,7 @@ def test_the_cost_table_is_recounted(items):
     for name in ("cost main: runs, run-minutes", "cost other findings: runs, run-minutes"):
         runs, minutes = cost[name]
         assert f"{runs} " in row and f"{minutes} run-minutes" in row, (name, row)
-    for sweep in experiments.OTHER_SWEEPS:
+    for sweep in collect.OTHER_SWEEPS:
         runs, minutes = cost[f"cost {sweep}: runs, run-minutes"]
         assert f"`{sweep}` {runs}" in row and f"`{sweep}` {minutes}" in row, sweep
 
