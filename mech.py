@@ -1555,7 +1555,7 @@ class RunFolder:
         cfg = self.cfg
         self.log(f"{cfg.arch} on {cfg.task}: d={cfg.d_model}, {cfg.n_layer} layers, "
                  f"{self.n_params:,} parameters, {cfg.total_steps:,} steps, lr {cfg.lr:g}, "
-                 f"{device.type}, {torch.get_num_threads()} threads")
+                 f"{device.type}, {torch.get_num_threads()} thread(s)")
         self.start_step = self.step
         self.t_start = self.last_save = time.time()
 

@@ -27,8 +27,9 @@ class RunningMean(nn.Module):  # (b, l, d) -> (b, l, d): the mean of the positio
 
 mech.register_mixer("mean", lambda cfg, layer: RunningMean(cfg.d_model))
 '''
-TINY = ["--d-model", "16", "--num-kv", "64", "--n-train", "256", "--steps", "20", "--eval-every",
-        "10", "--n-eval", "32", "--threads", "1"]
+BOTH_TASKS = ["--d-model", "16", "--n-train", "256", "--steps", "20", "--eval-every", "10",
+              "--n-eval", "32"]
+TINY = [*BOTH_TASKS, "--num-kv", "64", "--threads", "1"]
 
 
 def test_a_mixer_from_a_file_trains_and_is_analysed_with_a_verdict(tmp_path):
@@ -45,7 +46,7 @@ def test_a_sweep_runs_a_registered_mixer(tmp_path):
     (tmp_path / "my_mixer.py").write_text(MIXER_FILE)
     p = subprocess.run([sys.executable, os.path.join("figures", "experiments.py"), "--sweep",
                         "mixer", "--seeds", "1", "--mixer-file", str(tmp_path / "my_mixer.py"),
-                        "--arch", "mean", *TINY[:-2], "--no-interventions", "--sweep-dir",
+                        "--arch", "mean", *BOTH_TASKS, "--no-interventions", "--sweep-dir",
                         str(tmp_path / "sweep"), "--figures-dir", str(tmp_path / "figs")],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
