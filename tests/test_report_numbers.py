@@ -54,12 +54,12 @@ def test_the_formation_table_is_recounted(items):
                     step if step == "never" else f"{int(step):,}")
     assert len(steps) == 8
     for (model, which), values in steps.items():
-        assert ", ".join(values) in README, (model, which, values)
+        assert ", ".join(values) in REPORT, (model, which, values)
 
 
 def test_the_cost_table_is_recounted(items):
     cost = {name: ours.split(", ") for name, ours, _, _ in items if name.startswith("cost ")}
-    row = next(line for line in README.splitlines() if line.startswith("| the CPU preset"))
+    row = next(line for line in REPORT.splitlines() if line.startswith("| the CPU preset"))
     for name in ("cost main: runs, run-minutes", "cost other findings: runs, run-minutes"):
         runs, minutes = cost[name]
         assert f"{runs} " in row and f"{minutes} run-minutes" in row, (name, row)
