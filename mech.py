@@ -1795,7 +1795,7 @@ def problems(cfg: Config):
         yield (f"{cfg.epochs} epoch(s) of {cfg.n_train} documents in batches of "
                f"{cfg.batch_size} make no step; give more --epochs or --steps")
     if not 0 < cfg.lr < math.inf:
-        yield f"lr must be > 0, got {cfg.lr}"
+        yield f"lr must be a finite number > 0, got {cfg.lr}"
     if not 0 <= cfg.warmup_frac < 1:
         yield f"warmup_frac must be in [0, 1), got {cfg.warmup_frac}"
     if cfg.schedule == "wsd" and not 0 < cfg.decay_frac <= 1 - cfg.warmup_frac + 1e-9:

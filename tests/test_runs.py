@@ -381,7 +381,7 @@ def test_files_of_the_wrong_shape_or_cut_short_end_in_one_line(name, content, tm
 
 
 @pytest.mark.parametrize("args, needles", [
-    (["--lr", "-1e-3"], ["lr must be > 0", "-0.001"]),
+    (["--lr", "-1e-3"], ["lr must be a finite number > 0", "-0.001"]),
     (["--num-kv", "2", "--n-pairs", "1"], ["num_kv", "two keys"]),
     (["--n-train", "-50"], ["n_train must be >= 1"]),
     (["--fresh-data", "--epochs", "1", "--n-train", "16"], ["1 epoch", "16 documents", "no step"]),
