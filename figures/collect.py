@@ -439,7 +439,10 @@ def label(direction: bool, size: bool) -> str:
 
 
 def mean_sd(values) -> str:
+    """mean ± sample sd, or the one value of a single seed (it has no sd)."""
     values = list(values)
+    if len(values) == 1:
+        return f"{values[0]:.3f} (1 seed)"
     return f"{np.mean(values):.3f} ± {np.std(values, ddof=1):.3f}"
 
 
@@ -478,6 +481,8 @@ def report_numbers(runs_root: str, cpu=None) -> list:
     runs_root/cpu_preset (or its records, cpu, if collected already) and runs_root/paper_protocol
     by the rule above ("-": none)."""
     cpu = cpu if cpu is not None else collect(os.path.join(runs_root, "cpu_preset"))
+    wide = [r for r in cpu if r["d_model"] != 64]  # C3's Hyena where the paper's learns AR
+    cpu = [r for r in cpu if r["d_model"] == 64]  # the report's width: the paper's at d = 64
     pp = collect(os.path.join(runs_root, "paper_protocol"))
     at64 = lambda values: values[WIDTHS.index(64)]
     items = []
@@ -500,6 +505,12 @@ def report_numbers(runs_root: str, cpu=None) -> list:
     one = group(cpu, task="ar", arch="mamba", n_layer=1)
     items.append(accuracy_item("C3 AR mamba 1 layer", one, at64(PAPER["ar_layers"]["mamba", 1]),
                                0.5))
+    for d in sorted({r["d_model"] for r in wide}):  # the paper's accuracy at that width
+        runs = [r for r in main_ar(wide) if r["arch"] == "hyena" and r["d_model"] == d]
+        paper = PAPER["ar_accuracy"]["hyena"][WIDTHS.index(d)]
+        items.append(accuracy_item(f"C3 AR hyena d = {d}", runs, paper, 0.5))
+        items.append(mechanism_item(f"C3 AR hyena d = {d} Attribs", runs,
+                                    PAPER["ar_mechanism"]["hyena"]))
     for k in range(5):
         runs = [r for r in group(cpu, task="ar", arch="mamba", n_layer=2, d_conv=k)
                 if main_variant(r)]
