@@ -1630,8 +1630,9 @@ class RunFolder:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path("checkpoint.pt"))  # no longer needed
         if self.stops:
-            raise Interrupted(f"stopped at the end of training; {self.out or 'nothing'} holds the "
-                              "finished run: the same command goes on from there")
+            saved = f"{self.out} holds the finished run: the same command goes on from there"
+            raise Interrupted("stopped at the end of training; "
+                              + (saved if self.out else "nothing saved (no --out)"))
         return metrics
 
 
