@@ -9,19 +9,17 @@ and Associative Treecall (ATR: a word's parent in a sentence of a random tree gr
     2. building blocks (MLP, causal convs)      6. interventions (the mechanistic evaluation)
     3. the seven sequence mixers                7. the second task: Associative Treecall
     4. blocks and the language model
-and, after it, an appendix that only *runs* the lesson: run folders that resume, signals, devices
-and threads, the command line. Every sequence mixer maps (b, l, d) -> (b, l, d) and sits in a
-residual block,
+and an appendix that only *runs* it (run folders, signals, devices, threads, the command line).
+Every sequence mixer maps (b, l, d) -> (b, l, d) and sits in a residual block,
     Block(x) = x + mixer(norm(x)), then x + MLP(norm(x))     (Mamba blocks have no MLP),
 so that "the residual stream entering layer i" is a plain tensor that can be read and patched.
-Guaranteed: tasks, architectures and training follow the official code's maths (named with each
-component; an official quirk is a flag defaulting to the paper's intent). Not: bit-identical data or
-initial weights (other RNG call orders), nor fused CUDA kernels' speed (scan_ext/ compiles Mamba's
-hot loop). Sweeps, figures, report: figures/. Reading: the paper (v3 added DeltaNet, conv-internal
-patching); Zoology (arXiv 2312.04927: AR, BaseConv, Based); H3 (2212.14052); Hyena (2302.10866);
-Mamba (2312.00752), mamba-minimal; DeltaNet (2406.06484); nanoGPT (this file's shape).
-Shapes in comments: b batch, l sequence length, d model width (upper-case letters are the paper's
-matrices, e.g. Mamba's B and C).
+Guaranteed: the official code's maths (named with each component; an official quirk is a flag, the
+paper's intent its default). Not: the official RNG call order (so not its data or initial weights),
+nor fused CUDA speed (scan_ext/ compiles Mamba's scan). Sweeps, figures, the report: figures/.
+Reading: Zoology (arXiv 2312.04927), H3 (2212.14052), Hyena (2302.10866), Mamba (2312.00752) and
+mamba-minimal, DeltaNet (2406.06484), nanoGPT (this file's shape).
+Shapes in comments are lower-case: b batch, l length, d width, c channels, n state size, h heads;
+upper-case letters are the paper's matrices (Mamba's A, B, C, D).
 Glossary (code name: paper notation, meaning)
     d_model, d         "Model dimension": the width of the residual stream
     n_layer            number of blocks (2 in the main results)
@@ -32,7 +30,7 @@ Glossary (code name: paper notation, meaning)
     pos["query"]       Query: the repeated key; the prediction is read here
     pos["answer"]      the answer token (what follows the Query)
     d_conv             "Conv.": width of the short causal convolution (0 = none)
-    d_state, d_inner   N: SSM state size per channel; D = E * d, Mamba's expanded width (Alg. 2)
+    d_state, d_inner   N: SSM state size per channel; E * d, Mamba's expanded width (Alg. 2)
     dt_rank, delta     R: rank of the projection producing Δ, Mamba's input-dependent step size
     A, B, C, D         SSM parameters: A and D per channel, B and C per token (Mamba)
     phi                φ: Based's 2nd-order Taylor feature map, φ(q)·φ(k) ≈ exp(q·k/√f)
@@ -40,12 +38,7 @@ Glossary (code name: paper notation, meaning)
     beta, S            β, S: DeltaNet's write strength and fast-weight state
     max_rhs_len        Lmax: ATR rules have 1 .. Lmax-1 children plus a head word
     n_terminals        |Σ|: ATR's word vocabulary (20 or 8192)
-Run it:
-    python mech.py --arch mamba --task ar --dconv 4         # the CPU preset (README: its time)
-    python mech.py --arch based --task atr --atr easy       # Associative Treecall
-    python mech.py --preset paper --arch based --lr 1e-3    # the paper's exact protocol
-    python mech.py --load runs/<run>                        # analyse a saved run again
-    python figures/experiments.py --sweep ar-dconv --jobs 2 # a sweep of the paper, 3 seeds"""
+Run it: python mech.py --arch mamba --task ar --dconv 4 (more in --help and README.md)."""
 
 import dataclasses
 import math
@@ -68,14 +61,13 @@ L_MAX = 1024  # n_positions: the largest sequence; also the time grid of the imp
 # The rest of the file sees a task only through its documents (ids, named positions) and two
 # methods, sample and other_token: ATR (section 7) plugs in the same way.
 def rng_for(seed: int, stream: str) -> Generator:
-    """An independent random stream per (seed, purpose): the test documents of a seed never
-    depend on how many training documents were drawn before them."""
+    """A random stream per (seed, purpose): test documents never depend on the training draws."""
     return np.random.default_rng([seed, zlib.crc32(stream.encode())])
 
 
 def distinct_ints(rng: Generator, n: int, k: int, high: int) -> np.ndarray:
     """(n, k): each row k distinct integers drawn uniformly from [0, high), in random order."""
-    if k * k > 2 * high:  # repeats would be common: the first k of a shuffle of the small range
+    if k * k > 2 * high:  # repeats would be common: the first k of a shuffle
         return np.argsort(rng.random((n, high)), axis=1)[:, :k]
     x = rng.integers(0, high, (n, k))
     while True:  # redraw the rows with a repeat (~3 % of them for 16 of 4096)
@@ -110,7 +102,7 @@ class Examples:
     def to(self, device):
         return Examples(self.ids.to(device), {name: p.to(device) for name, p in self.pos.items()})
 
-    def trim(self):  # drop padding no document needs (ATR): causal models predict the same
+    def trim(self):  # drop the padding no document needs (ATR): a causal model predicts the same
         return Examples(self.ids[:, :int(self.pos["answer"].max()) + 2], self.pos)
 
     @property
@@ -123,11 +115,11 @@ class AR:
         pos:  0     1   2   3   4  ...  31   32   33    34   35   36
         tok:  <bos> k1  v1  k2  v2 ...  k16  v16  <eos> kq   vq   <eos>
     16 keys and 16 values, drawn without replacement from disjoint halves of the num_kv = 8192
-    key/value tokens, are paired in order: no global key -> value map, the association exists only
-    in context; the model sees k_i after the divider and must output v_i. Vocabulary: PAD 0, BOS 1,
-    EOS 2, keys, values, one unused id: V = num_kv + 4 = 8196, as officially (parameter counts too).
-    Official implementation: tinylang/language/ar.py (class AR), languages/ar_vary_kv/ar_32.yaml.
-    Differences: numpy's PCG64, not the official torch/numpy/random calls: the same distribution."""
+    key/value tokens, are paired in order: the association exists only in context; the model sees
+    k_i after the divider and must output v_i. Vocabulary: PAD 0, BOS 1, EOS 2, keys, values, one
+    unused id: V = num_kv + 4 = 8196, as officially. Official implementation: aryamanarora/tinylang,
+    tinylang/language/ar.py (class AR), languages/ar_vary_kv/ar_32.yaml. Differences: numpy's PCG64
+    for the official torch/numpy/random calls (the same distribution)."""
 
     def __init__(self, num_kv: int = 8192, n_pairs: int = 16):
         self.n_keys = num_kv // 2  # keys and values each get half of the num_kv tokens
@@ -137,7 +129,7 @@ class AR:
         self.length = 2 * n_pairs + 5
 
     def sample(self, n: int, rng: Generator, split: str = "train") -> Examples:
-        """n documents. AR has no held-out split: train and test documents differ by their rng."""
+        """n documents; AR has no held-out split (train and test differ by their rng)."""
         p, length = self.n_pairs, self.length
         keys = self.first_key + distinct_ints(rng, n, p, self.n_keys)        # (n, p)
         values = self.first_value + distinct_ints(rng, n, p, self.n_keys)    # (n, p)
@@ -175,16 +167,16 @@ class MLP(nn.Module):
 
 class CausalConv1d(nn.Conv1d):
     """The short convolution shared by BaseConv, Hyena, Mamba and DeltaNet: depthwise and causal,
-        y[t, c] = bias[c] + Σ_{i<k} w[c, i] · x[t - (k-1) + i, c]      (x before position 0 is 0):
-    nn.Conv1d(C, C, k, groups=C, padding=k-1)'s first l outputs, with its weights and init, computed
-    as k shifted multiply-adds on (b, l, C), so that no transpose to (b, C, l) is needed."""
+        y[t, j] = bias[j] + Σ_{i<k} w[j, i] · x[t - (k-1) + i, j]      (x before position 0 is 0):
+    nn.Conv1d(c, c, k, groups=c, padding=k-1)'s first l outputs, with its weights and init, computed
+    as k shifted multiply-adds on (b, l, c), so that no transpose to (b, c, l) is needed."""
 
     def __init__(self, channels: int, width: int, bias: bool = True):
         super().__init__(channels, channels, width, groups=channels, padding=width - 1, bias=bias)
 
-    def forward(self, x):                                   # x: (b, l, C)
+    def forward(self, x):                                   # x: (b, l, c)
         k, l = self.kernel_size[0], x.shape[1]
-        x = F.pad(x, (0, 0, k - 1, 0))                      # (b, k-1+l, C): zeros before position 0
+        x = F.pad(x, (0, 0, k - 1, 0))                      # (b, k-1+l, c): zeros before position 0
         y = sum(self.weight[:, 0, i] * x[:, i:i + l] for i in range(k))
         if self.bias is None:
             return y
@@ -192,21 +184,18 @@ class CausalConv1d(nn.Conv1d):
 
 
 def short_conv(channels: int, width: int, bias: bool) -> nn.Module:
-    """A width-k causal conv, or nothing at all for width 0 (the paper's "conv removed")."""
-    if width == 0:
-        return nn.Identity()
-    return CausalConv1d(channels, width, bias)
+    """A causal conv of this width, or for width 0 none at all (the paper's "conv removed")."""
+    return CausalConv1d(channels, width, bias) if width else nn.Identity()
 
 
 def causal_long_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Exact causal (linear, not circular) convolution with a filter as long as the sequence:
-        y[b, t, c] = Σ_{s<=t} k[c, t-s] · u[b, s, c]
-    u: (b, l, C), k: (C, l) -> (b, l, C), one matmul with the Toeplitz T[c, t, s] = k[c, t-s]: the
-    official FFTs' maths, but exactly causal, and at these lengths (l <= 1024) a plain matmul."""
+    """Exact causal (linear, not circular) convolution with a filter as long as the sequence,
+        y[:, t, j] = Σ_{s<=t} k[j, t-s] · u[:, s, j],   u: (b, l, c), k: (c, l) -> (b, l, c),
+    one matmul with the Toeplitz matrix T[j, t, s] = k[j, t-s]: the maths of the official FFTs."""
     l = u.shape[1]
     lag = torch.arange(l, device=u.device)[:, None] - torch.arange(l, device=u.device)   # t - s
-    T = k[:, lag.clamp(min=0)] * (lag >= 0)                         # (C, l, l)
-    return (T @ u.permute(2, 1, 0).contiguous()).permute(2, 1, 0)  # (C, l, b) -> (b, l, C)
+    T = k[:, lag.clamp(min=0)] * (lag >= 0)                         # (c, l, l)
+    return (T @ u.permute(2, 1, 0).contiguous()).permute(2, 1, 0)  # (c, l, b) -> (b, l, c)
 
 
 def filter_time_grid():
@@ -219,10 +208,9 @@ def filter_time_grid():
 
 # 3. The seven sequence mixers, each (b, l, d) -> (b, l, d) --------------------------------------
 class Attention(nn.Module):
-    """Causal softmax attention: y = out_proj(softmax(q kᵀ / √d_head + M) v) per head (1 in the
-    paper). Wqkv has no bias (officially bias=False); positions only from the position embedding.
-    Official implementation: aryamanarora/zoology, zoology/mixers/attention.py (class MHA).
-    Differences: the causal mask is -inf where the official code adds -10000 (equal in fp32)."""
+    """Causal softmax attention, y = out_proj(softmax(q kᵀ / √d_head + M) v) per head (1 in the
+    paper); Wqkv has no bias. Official implementation: aryamanarora/zoology,
+    zoology/mixers/attention.py (MHA). Differences: a -inf mask for -10000 (equal in fp32)."""
 
     def __init__(self, d: int, n_head: int = 1):
         super().__init__()
@@ -270,10 +258,10 @@ class BaseConv(nn.Module):
 
 class TaylorLinearAttention(nn.Module):
     """Based's linear attention: softmax attention with exp replaced by its 2nd-order Taylor series.
-    With φ(x) = [1, x / f^(1/4), vec(x xᵀ) / (√2 √f)] (1 + f + f² dims, f = feature_dim = 8)
-    and s = q·k / √f, φ(q)·φ(k) = 1 + s + s²/2, and causal normalised linear attention is
-        y_n = Σ_{m<=n} (φ(q_n)·φ(k_m)) v_m  /  (Σ_{m<=n} φ(q_n)·φ(k_m) + ε):
-    a fixed-size recurrent state (S = Σ φ(k) vᵀ, z = Σ φ(k)), trained in its "quadratic" form.
+    With φ(x) = [1, x / f^(1/4), vec(x xᵀ) / (√2 √f)] (f = feature_dim = 8) and s = q·k / √f,
+    φ(q)·φ(k) = 1 + s + s²/2, and causal normalised linear attention is
+        y_n = Σ_{m<=n} (φ(q_n)·φ(k_m)) v_m  /  (Σ_{m<=n} φ(q_n)·φ(k_m) + ε),
+    a fixed-size state (Σ φ(k) vᵀ, Σ φ(k)) in recurrence, trained here in its "quadratic" form.
     Official implementation: aryamanarora/zoology, zoology/mixers/based.py (Based, TaylorExp)."""
 
     def __init__(self, d: int, feature_dim: int = 8, eps: float = 1e-12):
@@ -291,8 +279,7 @@ class TaylorLinearAttention(nn.Module):
         return self.proj_o((A @ v) / (A.sum(-1, keepdim=True) + self.eps))  # proj_o of (b, l, d)
 
 
-def polar(magnitude: torch.Tensor, angle: torch.Tensor) -> tuple:
-    """The real and imaginary parts of magnitude · e^(i angle)."""
+def polar(magnitude: torch.Tensor, angle: torch.Tensor) -> tuple:  # magnitude · e^(i angle)
     return magnitude * torch.cos(angle), magnitude * torch.sin(angle)
 
 
@@ -326,18 +313,18 @@ class H3(nn.Module):
         self.output_linear = nn.Linear(d, d)
 
     def shift_kernel(self, l):
-        """(d, l): K[c, t] = Σ_j B[c, j] C[c, j + t], a cross-correlation, by FFT; zero-padded
-        to 2N so that the FFT's wrap-around adds nothing, and 0 past lag N-1."""
+        """(d, l): K[:, t] = Σ_j B[:, j] C[:, j + t], a cross-correlation by FFT, zero-padded to
+        2N so that the wrap-around adds nothing; 0 past lag N-1."""
         n = 2 * self.shift_B.shape[1]
         B, C = torch.fft.rfft(self.shift_B, n=n), torch.fft.rfft(self.shift_C, n=n)
         K = torch.fft.irfft(B.conj() * C, n=n)[:, :min(l, n // 2)]
         return F.pad(K, (0, max(0, l - n // 2)))
 
     def diag_kernel(self, l):
-        """(H, l), S4D with bilinear discretisation. The Vandermonde sum without an (H, N/2, l)
-        table of powers (the plain form is the tests' oracle, and much slower): with t = s j + i,
-        s ≈ √l, K[s j + i] = 2 Re Σ_n (C_n dA_n^(s j)) dA_n^i, one small matmul per head
-        over two tables of √l powers |dA|^t (cos tθ + i sin tθ) (θ = arg dA), in reals."""
+        """(H, l), S4D with bilinear discretisation: the Vandermonde sum without an (H, N/2, l)
+        table of powers (the plain form is the tests' oracle): with t = s j + i, s ≈ √l,
+        K[s j + i] = 2 Re Σ_n (C_n dA_n^(s j)) dA_n^i, one matmul per head over two tables of
+        √l powers |dA|^t (cos tθ + i sin tθ), θ = arg dA."""
         dt = self.log_dt.exp()[:, None]                                         # (H, 1)
         dtA = torch.complex(-self.inv_A_real.exp(), self.A_imag) * dt           # ΔA: (H, N/2)
         dA = (1 + dtA / 2) / (1 - dtA / 2)
@@ -417,50 +404,36 @@ class Hyena(nn.Module):
 
 def at_least_fp32(x):
     """x in float32 at least (float64 stays), or None: the scan accumulates in fp32."""
-    if x is None:
-        return None
-    return x.to(torch.promote_types(x.dtype, torch.float32))
+    return None if x is None else x.to(torch.promote_types(x.dtype, torch.float32))
 
 
-def selective_scan_ref(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
-                       return_last_state=False):
-    """Mamba's selective scan as a loop over time in fp32 (or fp64), with the signature, shapes and
-    semantics of mamba-ssm's selective_scan_ref (mamba_ssm/ops/selective_scan_interface.py):
-        u, delta, z: (b, D, l)   A: (D, N)   B, C: (b, N, l)   D, delta_bias: (D,)   -> (b, D, l)
+def selective_scan_ref(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False):
+    """Mamba's selective scan as a loop over time in fp32 (or fp64), with the semantics of
+    mamba-ssm's selective_scan_ref (mamba_ssm/ops/selective_scan_interface.py) in Mamba's form:
+        u, delta, z: (b, c, l)   A: (c, n)   B, C: (b, n, l)   D, delta_bias: (c,)   -> (b, c, l)
         Δ = softplus(delta + delta_bias)   (softplus only if delta_softplus)
-        h_t = exp(Δ_t A) ⊙ h_{t-1} + Δ_t u_t B_t          h_{-1} = 0, state (b, D, N)
+        h_t = exp(Δ_t A) ⊙ h_{t-1} + Δ_t u_t B_t          h_{-1} = 0, state (b, c, n)
         y_t = C_t · h_t + D u_t;   out = y ⊙ SiLU(z)         (the latter if z is given)
-    (D: the channels, d_inner.) Its other forms too: B or C constant over time, (D, N), or grouped,
-    (b, g, N, l) with D/g channels per group; return_last_state returns (out, h_{l-1}). Real A."""
-    def per_step(X, d, l):  # B or C as (b or 1, D or 1, l, N), for each of their forms
-        if X.dim() == 2:  # constant (D, N)
-            return X[None, :, None, :].expand(1, d, l, X.shape[1])
-        if X.dim() == 3:  # (b, N, l)
-            return X.transpose(1, 2)[:, None]
-        if d % X.shape[1]:  # grouped (b, g, N, l)
-            raise ValueError(f"selective_scan: {X.shape[1]} groups do not divide {d} channels")
-        return X.transpose(2, 3).repeat_interleave(d // X.shape[1], dim=1)
-
-    dtype, (b, d, l) = u.dtype, u.shape
+    (c: the channels, Mamba's d_inner.) Upstream's reference also takes B and C grouped or constant
+    over time and can return the last state; Mamba uses none of these, so neither does this one."""
+    dtype = u.dtype
     u, delta, A, B, C, D, z, delta_bias = map(at_least_fp32, (u, delta, A, B, C, D, z, delta_bias))
     if delta_bias is not None:
         delta = delta + delta_bias[:, None]
     if delta_softplus:
         delta = F.softplus(delta)                                   # threshold 20, as upstream
-    decay = torch.exp(delta[..., None] * A[:, None, :])             # (b, D, l, N): exp(Δ_t A)
-    write = (delta * u)[..., None] * per_step(B, d, l)              # (b, D, l, N): Δ_t u_t B_t
-    h, ys = u.new_zeros(b, d, A.shape[1]), []                       # state (b, D, N), outputs
+    decay = torch.exp(delta[..., None] * A[:, None, :])             # (b, c, l, n): exp(Δ_t A)
+    write = (delta * u)[..., None] * B.transpose(1, 2)[:, None]     # (b, c, l, n): Δ_t u_t B_t
+    h, ys = u.new_zeros(*u.shape[:2], A.shape[1]), []               # state (b, c, n), outputs
     # unbind, not [:, :, t]: the backward of indexing builds a full-size zero tensor at every step
-    for decay_t, write_t, C_t in zip(decay.unbind(2), write.unbind(2), per_step(C, d, l).unbind(2)):
+    for decay_t, write_t, C_t in zip(decay.unbind(2), write.unbind(2), C.unbind(2)):
         h = decay_t * h + write_t
-        ys.append((h * C_t).sum(-1))
-    y = torch.stack(ys, dim=-1) if ys else u.new_zeros(u.shape)    # (b, D, l)
+        ys.append((h * C_t[:, None]).sum(-1))                      # C_t: (b, n) for every channel
+    y = torch.stack(ys, dim=-1) if ys else u.new_zeros(u.shape)    # (b, c, l)
     if D is not None:
         y = y + D[:, None] * u
     if z is not None:
         y = y * F.silu(z)
-    if return_last_state:
-        return y.to(dtype), h
     return y.to(dtype)
 
 
@@ -468,23 +441,17 @@ SCAN_BACKENDS = ("auto", "ext", "ref")  # "ref" the loop above, "ext" scan_ext/'
 
 
 def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
-                   return_last_state=False, backend="auto"):
+                   backend="auto"):
     """selective_scan_ref's maths on a backend: "ref" the loop above (the oracle), "ext" scan_ext/'s
-    compiled C++/CUDA kernel (an error if it cannot be built), "auto" the kernel, else the loop. The
-    kernel takes Mamba's form only (B, C: (b, N, l), no return_last_state; "ext" refuses others)."""
+    compiled C++/CUDA kernel (an error if it cannot be built), "auto" the kernel, else the loop."""
     if backend not in SCAN_BACKENDS:
         raise ValueError(f"selective_scan: unknown backend {backend!r}; "
                          f"choose from {', '.join(SCAN_BACKENDS)}")
-    kernel_form = B.dim() == C.dim() == 3 and not return_last_state
-    if backend == "ext" and not kernel_form:
-        raise ValueError("selective_scan: backend 'ext' takes B and C of shape (b, N, l) and no "
-                         "return_last_state; use backend 'ref' or 'auto' for the other forms")
     args = (u, delta, A, B, C, D, z, delta_bias, delta_softplus)
-    if backend != "ref" and kernel_form:
-        kernel = scan_ext.kernel(u.device, required=backend == "ext")  # None if it cannot build
-        if kernel:
-            return kernel(*args)
-    return selective_scan_ref(*args, return_last_state)
+    kernel = None if backend == "ref" else scan_ext.kernel(u.device, required=backend == "ext")
+    if kernel:  # None where it cannot be built
+        return kernel(*args)
+    return selective_scan_ref(*args)
 
 
 class Mamba(nn.Module):
@@ -496,40 +463,39 @@ class Mamba(nn.Module):
         y = selective_scan(x, Δ, A = -exp(A_log), B, C, D) ⊙ SiLU(z);   out = out_proj(y)
     d_conv is the paper's ablation knob: 4 by default, 0 removes the conv (SiLU kept), 1 is a
     per-channel scale and bias. conv_out, an identity on the conv's output (before SiLU), is where
-    section 6 reads and patches the conv (the paper's v3 conv-internal patching).
-    Official implementation: state-spaces/mamba, mamba_ssm/modules/mamba_simple.py (Mamba, 2.2.4);
-    conv ablations aryamanarora/tinylang, tinylang/model/arch/mamba.py.
-    Differences: the short conv is CausalConv1d (nn.Conv1d's weights and init, computed as shifted
-    multiply-adds), and no unused conv parameters when d_conv = 0."""
+    section 6 patches the conv (the paper's v3 conv-internal patching). Official implementation:
+    state-spaces/mamba, mamba_ssm/modules/mamba_simple.py (Mamba, 2.2.4); the conv ablations
+    aryamanarora/tinylang, tinylang/model/arch/mamba.py. Differences: no conv parameters at all
+    when d_conv = 0."""
 
     def __init__(self, d: int, d_conv: int = 4, d_state: int = 16, expand: int = 2,
                  scan: str = "auto", dt_min: float = 1e-3, dt_max: float = 0.1):
         super().__init__()
-        D_in, N, R = expand * d, d_state, math.ceil(d / 16)
-        self.d_inner, self.d_state, self.dt_rank, self.scan = D_in, N, R, scan
-        self.in_proj = nn.Linear(d, 2 * D_in, bias=False)
-        self.conv1d = short_conv(D_in, d_conv, bias=True)
+        d_in, N, R = expand * d, d_state, math.ceil(d / 16)
+        self.d_inner, self.d_state, self.dt_rank, self.scan = d_in, N, R, scan
+        self.in_proj = nn.Linear(d, 2 * d_in, bias=False)
+        self.conv1d = short_conv(d_in, d_conv, bias=True)
         self.conv_out = nn.Identity()
-        self.x_proj = nn.Linear(D_in, R + 2 * N, bias=False)
-        self.dt_proj = nn.Linear(R, D_in, bias=True)
-        self.out_proj = nn.Linear(D_in, d, bias=False)
+        self.x_proj = nn.Linear(d_in, R + 2 * N, bias=False)
+        self.dt_proj = nn.Linear(R, d_in, bias=True)
+        self.out_proj = nn.Linear(d_in, d, bias=False)
         # Mamba's own init: Δ log-uniform in [dt_min, dt_max] (softplus⁻¹ of it as the bias), A
         # S4D-real (A_n = -(n+1)), D = 1. The generic re-init (init_weights) skips dt_proj.bias.
         nn.init.uniform_(self.dt_proj.weight, -R ** -0.5, R ** -0.5)
-        dt = torch.exp(torch.rand(D_in) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+        dt = torch.exp(torch.rand(d_in) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
         dt = dt.clamp(min=1e-4)
         self.dt_proj.bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus⁻¹(dt)
-        self.A_log = nn.Parameter(torch.log(torch.arange(1, N + 1.0)).repeat(D_in, 1))  # (D_in, N)
-        self.D = nn.Parameter(torch.ones(D_in))
+        self.A_log = nn.Parameter(torch.log(torch.arange(1, N + 1.0)).repeat(d_in, 1))  # (d_in, N)
+        self.D = nn.Parameter(torch.ones(d_in))
 
     def forward(self, u):
-        x, z = self.in_proj(u).chunk(2, dim=-1)                   # (b, l, D_in) each
+        x, z = self.in_proj(u).chunk(2, dim=-1)                   # (b, l, d_in) each
         x = F.silu(self.conv_out(self.conv1d(x)))
         dt, B, C = self.x_proj(x).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
-        dt, A = dt @ self.dt_proj.weight.T, -torch.exp(self.A_log)  # (b, l, D_in), (D_in, N)
+        dt, A = dt @ self.dt_proj.weight.T, -torch.exp(self.A_log)  # (b, l, d_in), (d_in, N)
         x, dt, B, C, z = (t.transpose(1, 2) for t in (x, dt, B, C, z))  # (b, channels, l)
         y = selective_scan(x, dt, A, B, C, self.D, z, delta_bias=self.dt_proj.bias,
-                           delta_softplus=True, backend=self.scan)  # (b, D_in, l)
+                           delta_softplus=True, backend=self.scan)  # (b, d_in, l)
         return self.out_proj(y.transpose(1, 2))                   # (b, l, d)
 
 
@@ -700,8 +666,7 @@ class Config:
     value_corruption: str = opt("value", "a corrupted Value becomes a value, or a key (official)",
                                 choices=("value", "key"))
     scan: str = opt("auto", "Mamba's scan (ext: compiled scan_ext/; ref: the loop; auto: ext if "
-                    "it builds)",
-                    choices=SCAN_BACKENDS)
+                    "it builds)", choices=SCAN_BACKENDS)
     num_kv: int = opt(8192, "AR: number of key + value tokens (half keys, half values)")  # -- data
     n_pairs: int = opt(16, "AR: key-value pairs per document")
     atr: str = opt("easy", "ATR setting (easy: Lmax 5, |Σ| 20; medium: Lmax 10; 8192: |Σ|)",
@@ -766,6 +731,7 @@ class Config:
         if self.steps is not None:
             return self.steps
         return self.epochs * (self.n_train // self.batch_size)
+
 
 class RunError(RuntimeError):
     """A run that cannot go on (it diverged; a file is damaged): one line for the command line."""

@@ -530,58 +530,31 @@ def test_the_build_is_announced_cached_by_content_and_survives_a_stale_lock(tmp_
     assert "building" not in runs[1].stderr, runs[1].stderr
 
 
-# ── the input forms of mamba-ssm's selective_scan_ref ────────────────────────────────────────
+# ── the recurrence written out, one step at a time ───────────────────────────────────────────
 
-def full_form(X, b, d, l):
-    """B or C of any accepted form as (b, d, l, n), written out element by element."""
-    n = X.shape[-2] if X.dim() > 2 else X.shape[1]
-    out = torch.empty(b, d, l, n, dtype=X.dtype)
+def naive_scan(u, delta, A, B, C, D, z, delta_bias):
+    """The recurrence for each (batch, channel, step) on its own, B and C per token (b, n, l)."""
+    b, d, l = u.shape
+    delta = F.softplus(delta + delta_bias[:, None])
+    out = torch.empty_like(u)
     for i in range(b):
         for c in range(d):
+            h = torch.zeros(A.shape[1], dtype=u.dtype)
             for t in range(l):
-                out[i, c, t] = (X[c] if X.dim() == 2 else X[i, :, t] if X.dim() == 3
-                                else X[i, c // (d // X.shape[1]), :, t])
+                h = torch.exp(delta[i, c, t] * A[c]) * h + delta[i, c, t] * u[i, c, t] * B[i, :, t]
+                y = (h * C[i, :, t]).sum() + D[c] * u[i, c, t]
+                out[i, c, t] = y * F.silu(z[i, c, t])
     return out
 
 
-def naive_scan(u, delta, A, B, C, D, z, delta_bias):
-    """The recurrence with a per-(batch, channel, step) B and C, one step at a time."""
-    b, d, l = u.shape
-    Bf, Cf = full_form(B, b, d, l), full_form(C, b, d, l)
-    delta = F.softplus(delta + delta_bias[:, None])
-    h, ys = torch.zeros(b, d, A.shape[1], dtype=u.dtype), []
-    for t in range(l):
-        dt = delta[:, :, t, None]
-        h = torch.exp(dt * A) * h + dt * u[:, :, t, None] * Bf[:, :, t]
-        ys.append((h * Cf[:, :, t]).sum(-1))
-    return (torch.stack(ys, -1) + D[:, None] * u) * F.silu(z), h
-
-
-@pytest.mark.parametrize("b_form, c_form", [("constant", "token"), ("token", "constant"),
-                                            ("grouped", "grouped"), ("constant", "grouped")])
-def test_constant_and_grouped_B_and_C_and_the_last_state(b_form, c_form):
+def test_the_loop_is_the_recurrence_written_out():
     torch.manual_seed(0)
-    b, d, l, n, g = 2, 4, 5, 3, 2
-    shapes = dict(constant=(d, n), token=(b, n, l), grouped=(b, g, n, l))
-    kw = dict(u=torch.randn(b, d, l, dtype=torch.float64),
-              delta=torch.randn(b, d, l, dtype=torch.float64),
-              A=-torch.rand(d, n, dtype=torch.float64), B=torch.randn(shapes[b_form], dtype=torch.float64),
-              C=torch.randn(shapes[c_form], dtype=torch.float64), D=torch.randn(d, dtype=torch.float64),
-              z=torch.randn(b, d, l, dtype=torch.float64), delta_bias=torch.randn(d, dtype=torch.float64))
-    want, want_h = naive_scan(**kw)
-    for backend in ("ref", "auto"):  # auto runs the forms the kernel does not take on the loop
-        got, h = mech.selective_scan(**kw, delta_softplus=True, return_last_state=True, backend=backend)
-        torch.testing.assert_close(got, want)
-        torch.testing.assert_close(h, want_h)
-    leaves = {k: v.requires_grad_() for k, v in kw.items()}
-    assert torch.autograd.gradcheck(lambda *a: mech.selective_scan(*a, delta_softplus=True, backend="ref"),
-                                    tuple(leaves.values()))
-    with pytest.raises(ValueError, match="backend 'ext' takes B and C of shape"):
-        mech.selective_scan(**kw, delta_softplus=True, backend="ext")
-
-
-def test_groups_that_do_not_divide_the_channels_are_named():
-    args = small_args()
-    args["B"] = torch.randn(1, 3, args["B"].shape[1], args["B"].shape[2])
-    with pytest.raises(ValueError, match="3 groups do not divide 2 channels"):
-        mech.selective_scan(**args, backend="ref")
+    b, d, l, n = 2, 4, 5, 3
+    kw = dict(u=torch.randn(b, d, l), delta=torch.randn(b, d, l), A=-torch.rand(d, n),
+              B=torch.randn(b, n, l), C=torch.randn(b, n, l), D=torch.randn(d),
+              z=torch.randn(b, d, l), delta_bias=torch.randn(d))
+    kw = {k: v.double() for k, v in kw.items()}
+    want = naive_scan(**kw)
+    for backend in ("ref", "auto"):
+        torch.testing.assert_close(mech.selective_scan(**kw, delta_softplus=True, backend=backend),
+                                   want)
