@@ -511,6 +511,13 @@ def report_numbers(runs_root: str, cpu=None) -> list:
         items.append(accuracy_item(f"C3 AR hyena d = {d}", runs, paper, 0.5))
         items.append(mechanism_item(f"C3 AR hyena d = {d} Attribs", runs,
                                     PAPER["ar_mechanism"]["hyena"]))
+    wide_pp = group(pp, task="ar", arch="hyena")  # the same, under the paper's protocol
+    for d, lr in sorted({(r["d_model"], r["lr"]) for r in wide_pp}):
+        runs = group(wide_pp, d_model=d, lr=lr)
+        name = f"C3 AR hyena d = {d}, paper protocol lr {lr:g}"
+        paper = PAPER["ar_accuracy"]["hyena"][WIDTHS.index(d)]
+        items.append(accuracy_item(name, runs, paper, 0.5))
+        items.append(mechanism_item(f"{name} Attribs", runs, PAPER["ar_mechanism"]["hyena"]))
     for k in range(5):
         runs = [r for r in group(cpu, task="ar", arch="mamba", n_layer=2, d_conv=k)
                 if main_variant(r)]
@@ -612,6 +619,58 @@ def report_numbers(runs_root: str, cpu=None) -> list:
             minutes = sum(by_name[n]["wall_time_s"] for n in mine) / 60
             items.append((f"cost {sw}: runs, run-minutes", f"{len(mine)}, {minutes:,.0f}", "-",
                           "-"))
+    return items + class_items(runs_root, cpu)
+
+
+# The class preset's claims (README.md, "The paper in one class"): each a model of the main AR or
+# ATR easy results, read beside the CPU preset's runs of the same model
+CLASS_CLAIMS = (("AR attention", dict(task="ar", arch="attention")),
+                ("AR based", dict(task="ar", arch="based")),
+                ("AR mamba d_conv 4", dict(task="ar", arch="mamba", d_conv=4)),
+                ("AR mamba d_conv 0", dict(task="ar", arch="mamba", d_conv=0)),
+                ("AR mamba d_conv 1", dict(task="ar", arch="mamba", d_conv=1)),
+                ("ATR easy mamba d_conv 0", dict(task="atr", atr="easy", arch="mamba", d_conv=0)))
+
+
+def in_words(r: dict) -> str:
+    """A run's verdict, as mech.verdict words it for a 2-layer model, in short."""
+    if r["effect"] < mech.VERDICT_MIN_EFFECT:
+        return "not learned"
+    top = mech.dominant(r["attrib"])
+    return {"value": "induction", "query": "retrieval at the Query",
+            "key": "retrieval at the Key"}.get(top, "mixed")
+
+
+def class_items(runs_root: str, cpu: list) -> list:
+    """Per claim of the class preset, its runs (runs_root/class_preset) and the CPU preset's of the
+    same model: accuracy, Key / Value / Query, Mamba's conv_output[0] @Value+1 in each seed ("-":
+    no conv), the verdicts, the median minutes a run (training); the verdict column says whether
+    the verdict most seeds get is the same in the two presets."""
+    cls = collect(os.path.join(runs_root, "class_preset"), lambda m: None)
+    items = []
+    for name, match in CLASS_CLAIMS:
+        verdicts = {}
+        for preset, records in (("class", cls), ("cpu", cpu)):
+            runs = [r for r in records if r["n_layer"] == 2 and main_variant(r)
+                    and ("d_conv" in match or not conv_variant(r))
+                    and all(r.get(k) == v for k, v in match.items())]
+            if not runs:
+                continue
+            verdicts[preset] = sorted(map(in_words, runs))
+            words = ", ".join(f"{w} ×{verdicts[preset].count(w)}"
+                              for w in dict.fromkeys(verdicts[preset]))
+            minutes = np.median([r["wall_time_s"] for r in runs]) / 60
+            means = passing_means(runs)
+            attribs = "-" if all(np.isnan(list(means.values()))) else attribs_text(means)
+            conv = ", ".join(f"{r['conv']['value+1']:.2f}" for r in runs if r.get("conv")) or "-"
+            same = "-"
+            if preset == "cpu" and "class" in verdicts:  # the verdict most of their seeds get
+                most = {p: collections.Counter(v).most_common(1)[0][0] for p, v in verdicts.items()}
+                same = "same" if most["class"] == most["cpu"] else "differs"
+            items.append((f"class {name}, {preset} preset",
+                          f"{mean_sd(r['accuracy'] for r in runs)}; "
+                          f"{attribs}; {conv}; {words}; {minutes:.1f} min", "-",
+                          same))
     return items
 
 

@@ -152,6 +152,27 @@ def test_config_is_what_the_command_line_trains(arch, task):
     assert (paper.schedule, paper.lr, paper.fresh_data, paper.bucket) == ("cosine", 1e-3, False, 0)
 
 
+@pytest.mark.parametrize("task", ["ar", "atr"])
+@pytest.mark.parametrize("arch", list(mech.MIXERS))
+def test_the_class_preset_is_the_cpu_preset_cut_short(arch, task):
+    """--preset class (README: "The paper in one class") is the command line's run too: the CPU
+    preset's recipe in 10,000 steps; on AR, attention and Based at d = 32 on 8 pairs and 50,000
+    documents; on ATR, Mamba at 5e-3 after a warmup of 60 % of its steps; attention on AR and
+    Mamba on ATR in 15,000 steps."""
+    cfg = mech.Config(arch=arch, task=task, preset="class")
+    args = ["--preset", "class", "--arch", arch, "--task", task]
+    assert mech.config_from_args(mech.build_parser().parse_args(args)) == cfg
+    cpu = mech.Config(arch=arch, task=task)
+    small = task == "ar" and arch in ("attention", "based")
+    assert (cfg.d_model, cfg.n_pairs, cfg.n_train) == ((32, 8, 50_000) if small else (64, 16, 100_032))
+    assert cfg.steps == (15_000 if (task, arch) in (("ar", "attention"), ("atr", "mamba"))
+                         else 10_000)
+    assert (cfg.lr, cfg.warmup_frac) == ((5e-3, 0.6) if (task, arch) == ("atr", "mamba")
+                                         else (cpu.lr, cpu.warmup_frac))
+    assert (cfg.schedule, cfg.fresh_data, cfg.bucket) == (cpu.schedule, cpu.fresh_data, cpu.bucket)
+    assert mech.identity(cfg) != mech.identity(cpu)  # another run, in another folder
+
+
 def test_based_with_a_position_embedding_gets_its_own_rate_on_ar_only():
     """The CPU preset gives Based with PE on AR 3e-4 (at 1e-3 it memorises); --lr still wins, and
     Based without PE, or on ATR, or under the paper preset keeps 1e-3."""

@@ -78,3 +78,18 @@ def test_each_claims_verdict_is_the_rules(items):
         bold = set(re.findall(r"\*\*([a-z ]+?)\*\*", verdict)) & set(LABELS)
         allowed = labels | ({"partly"} if len(labels) > 1 else set())
         assert labels <= bold <= allowed, (claim, labels, bold)
+
+
+def test_the_class_preset_table_quotes_its_runs(items):
+    """README.md's "The paper in one class" and the report's class-preset table: each claim's runs
+    (figures/runs/class_preset) beside the CPU preset's, recounted: accuracy, Attribs, Mamba's conv
+    at Value+1, verdicts."""
+    rows = [(name, ours, same) for name, ours, _, same in items if name.startswith("class ")]
+    assert len(rows) == 2 * len(collect.CLASS_CLAIMS)  # both presets ran every claim
+    for name, ours, same in rows:
+        accuracy, attribs, conv, verdicts, minutes = ours.split("; ")
+        line = next((l for l in REPORT.splitlines() if l.startswith("| ")
+                     and accuracy in l and verdicts in l), None)
+        assert line is not None, (name, ours)
+        assert all(x == "-" or x in line for x in (attribs, conv)), (name, ours)
+        assert same in ("-", "same"), (name, ours)  # the class preset's verdict is the CPU preset's

@@ -256,8 +256,10 @@ def test_a_closed_terminal_saves_a_checkpoint_and_says_so(tmp_path):
     out = tmp_path / "run"
     args = small_args(out, "--no-interventions")
     args[args.index("--steps=30")] = "--steps=3000"
+    # a terminal's run: SIGHUP not ignored, as it is (and stays, for mech.py) under nohup
     p = subprocess.Popen([sys.executable, "mech.py", *[a for a in args if a != "--quiet"]],
-                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     while not p.stdout.readline().startswith("step"):  # training has begun
         pass
     p.send_signal(signal.SIGHUP)
