@@ -517,7 +517,8 @@ def report_numbers(runs_root: str, cpu=None) -> list:
         name = f"C3 AR hyena d = {d}, paper protocol lr {lr:g}"
         paper = PAPER["ar_accuracy"]["hyena"][WIDTHS.index(d)]
         items.append(accuracy_item(name, runs, paper, 0.5))
-        items.append(mechanism_item(f"{name} Attribs", runs, PAPER["ar_mechanism"]["hyena"]))
+        if any(map(reacts, runs)):  # else no Attrib: the answer ignores the Key
+            items.append(mechanism_item(f"{name} Attribs", runs, PAPER["ar_mechanism"]["hyena"]))
     for k in range(5):
         runs = [r for r in group(cpu, task="ar", arch="mamba", n_layer=2, d_conv=k)
                 if main_variant(r)]
