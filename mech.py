@@ -1827,6 +1827,7 @@ class Parser(argparse.ArgumentParser):
 EXAMPLES = """examples:
   python mech.py --arch mamba --task ar --dconv 4      # Mamba on AR with its short conv
   python mech.py --arch attention --task atr --atr easy --seed 43
+  python mech.py --preset class --arch attention       # a finding in a minute (README)
   python mech.py --load runs/<run folder>              # print a saved run's analysis again
 Sweeps of many runs (the paper's figures, 3 seeds, a cluster):
   python figures/experiments.py --help"""
