@@ -258,10 +258,10 @@ class BaseConv(nn.Module):
 
 class TaylorLinearAttention(nn.Module):
     """Based's linear attention: softmax attention with exp replaced by its 2nd-order Taylor series.
-    With φ(x) = [1, x / f^(1/4), vec(x xᵀ) / (√2 √f)] (f = feature_dim = 8) and s = q·k / √f,
-    φ(q)·φ(k) = 1 + s + s²/2, and causal normalised linear attention is
+    With φ(x) = [1, x / f^(1/4), vec(x xᵀ) / (√2 √f)] (f = feature_dim = 8)
+    and s = q·k / √f, φ(q)·φ(k) = 1 + s + s²/2, and causal normalised linear attention is
         y_n = Σ_{m<=n} (φ(q_n)·φ(k_m)) v_m  /  (Σ_{m<=n} φ(q_n)·φ(k_m) + ε),
-    a fixed-size state (Σ φ(k) vᵀ, Σ φ(k)) in recurrence, trained here in its "quadratic" form.
+    a fixed-size state (Σ φ(k) vᵀ, Σ φ(k)) in recurrence, trained in its "quadratic" form.
     Official implementation: aryamanarora/zoology, zoology/mixers/based.py (Based, TaylorExp)."""
 
     def __init__(self, d: int, feature_dim: int = 8, eps: float = 1e-12):
