@@ -76,7 +76,7 @@ def analysis(interventions: dict, n_layer: int) -> dict:
                 effect=mech.key_effect(rows),  # over all documents
                 conv={p: r["attrib"] for p, r in conv.items()},
                 # how many documents each conv cell averages; None: an older analysis, over all
-                # of them, Value+1 included where it is the divider (42-48 % of ATR documents)
+                # of them, Value+1 included where it is the divider (38-48 % of ATR documents)
                 conv_docs={p: r.get("n") for p, r in conv.items()},
                 n_docs=interventions.get("n_docs"),
                 # App. D.3 (ar_32_layers_attrib): which layer's mixer brings the answer to the Query
@@ -166,7 +166,7 @@ def table_notes(records: list) -> list:
         old = sum(all_documents(r, "value+1") for r in conv)
         notes.append(f"Mamba's conv-output cells in results.json (conv; conv_docs: documents "
                      f"averaged): {old} of {len(conv)} runs were analysed over all documents, "
-                     "Value+1 included where it is the divider (42-48 % of ATR documents, AR's "
+                     "Value+1 included where it is the divider (38-48 % of ATR documents, AR's "
                      f"last pair), {len(conv) - old} over the documents where it is distinct.")
     return notes
 

@@ -434,7 +434,7 @@ def mamba_conv_restored(records: list, out_dir: str) -> list:
     def setting(r):
         return r["task"].upper() + (f" {r['atr']}" if r["task"] == "atr" else ""), r["d_conv"]
     series = position_series("conv", ("key", "value", "value+1"))
-    # an older analysis averaged Value+1 over all documents, the divider's position in 42-48 %
+    # an older analysis averaged Value+1 over all documents, the divider's position in 38-48 %
     # of ATR ones and in AR's last pair: grey, so that no such point passes for a new one
     series[-1].faded = lambda r: all_documents(r, "value+1")
     columns = [mechanism_column(f"{t}\nd_conv {k}", [r for r in rs if setting(r) == (t, k)], ())
@@ -453,7 +453,7 @@ def mamba_conv_restored(records: list, out_dir: str) -> list:
     return save(fig, out_dir, "mamba_conv_restored.png", [
         MARKS, f"@Value+1: {len(shown) - old} of the {len(shown)} runs drawn were analysed over "
         f"the documents where Value+1 is distinct (neither the divider nor the Query), {old} over "
-        "all documents (an older analysis, grey: in ATR Value+1 is the divider in 42-48 % of "
+        "all documents (an older analysis, grey: in ATR Value+1 is the divider in 38-48 % of "
         "documents, in AR after the last pair only, 1 document in 16).",
         filter_note(rs), scale_note(rs),
         "No paper marks: the paper (v3) reports this without numbers."])
