@@ -392,10 +392,10 @@ def moments_of(r: dict, name: str | None) -> dict:
 
 def dynamics_table(records: list) -> str:
     """Markdown: per watched run and Attrib (followed: the position with the largest final Attrib,
-    and Mamba's conv at Value+1), the step it first passes 0.5 with the Key's effect past the
-    filter, and the step accuracy passes halfway from its first evaluation to its final value
+    and Mamba's conv at Value+1), the step it first reaches 0.5 with the Key's effect past the
+    filter, and the step accuracy reaches halfway from its first evaluation to its final value
     (plots.moments), and which comes first."""
-    lines = ["| model | seed | lr | Attrib | passes 0.5 at | accuracy passes halfway at | "
+    lines = ["| model | seed | lr | Attrib | reaches 0.5 at | accuracy reaches halfway at | "
              "first |", "|---|---:|---:|---|---:|---:|---|"]
     for title, rs in watched_runs(records):
         for r in rs:
@@ -554,14 +554,19 @@ def report_numbers(runs_root: str, cpu=None) -> list:
     items.append(accuracy_item("C6 ATR easy attention, paper protocol", runs,
                                at64(PAPER["atr_accuracy"]["easy", "attention"]),
                                PAPER["atr_copy_next_token"]["easy"]))
-    # App. D.1: Attention without its position embedding on ATR, and its gap to PE
-    for s in ("easy", "medium"):
-        nope = [r for r in atr if r["atr"] == s and atr_model(r) == "attention NoPE"]
-        pe = [r for r in atr if r["atr"] == s and atr_model(r) == "attention"]
-        paper = PAPER["pos_embed"]
+    # App. D.1: Attention without its position embedding, and its gap to PE
+    ar2 = [r for r in cpu if r["task"] == "ar" and r["n_layer"] == 2 and not conv_variant(r)]
+    for s in ("ar", "easy", "medium"):
+        rs = ar2 if s == "ar" else [r for r in atr if r["atr"] == s]
+        name = "D.1 AR attention" if s == "ar" else f"D.1 ATR {s} attention"
+        line = 0.5 if s == "ar" else PAPER["atr_copy_next_token"][s]
+        nope = [r for r in rs if atr_model(r) == "attention NoPE"]
+        pe = [r for r in rs if atr_model(r) == "attention"]
+        paper = {v: at64(PAPER["pos_embed"][s, "attention", v]) for v in ("PE", "NoPE")}
+        items.append(accuracy_item(f"{name} NoPE", nope, paper["NoPE"], line))
         gap = np.mean([r["accuracy"] for r in pe]) - np.mean([r["accuracy"] for r in nope])
-        paper_gap = at64(paper[s, "attention", "PE"]) - at64(paper[s, "attention", "NoPE"])
-        items.append((f"D.1 ATR {s} attention PE - NoPE", f"{gap:+.3f}", f"{paper_gap:+.3f}",
+        paper_gap = paper["PE"] - paper["NoPE"]
+        items.append((f"{name} PE - NoPE", f"{gap:+.3f}", f"{paper_gap:+.3f}",
                       label(gap * paper_gap > 0, abs(gap - paper_gap) <= ACC_SIZE)))
     # App. D.2: one layer on ATR easy
     for a in ARCHS:
@@ -605,7 +610,8 @@ def report_numbers(runs_root: str, cpu=None) -> list:
                 items.append((f"formation {title.split(' (')[0]} seed {r['seed']} @{name}",
                               f"{m['mechanism'] or 'never'} / {m['accuracy'] or 'never'}",
                               "-", "-"))
-    # what the CPU runs cost: runs and run-minutes per sweep, each committed run counted once
+    # what the CPU runs cost: runs and run-minutes per group of sweeps, each committed run counted
+    # once (in the first group that holds it), and per sweep, all its runs
     by_name = {os.path.basename(r["folder"]): r for r in cpu}
     counted = set()
     for sweeps in (MAIN_SWEEPS, OTHER_SWEEPS):
@@ -686,8 +692,10 @@ NUMBERS_HEAD = ("# The report's numbers and verdicts, recounted from the runs\n\
                 "of the paper's class (induction: the Value's Attrib the largest; retrieval: the "
                 "Key's or the Query's). Attribs are Key / Value / Query means over the seeds past "
                 "the paper's filter on the documents each cell averages. formation: the step the "
-                "final position's Attrib passes 0.5 / the step accuracy passes halfway. cost: "
-                "each committed run counted once, in the first sweep that holds it.\n\n")
+                "final position's Attrib reaches 0.5 / the step accuracy reaches halfway. cost: "
+                "a group's total (main, other findings) counts each committed run once, in the "
+                "first group that holds it; a sweep's row counts all its runs, some of which an "
+                "earlier group may hold too.\n\n")
 
 
 def numbers_table(items: list) -> str:

@@ -738,7 +738,7 @@ def atr_sibling(records: list, out_dir: str) -> list:
         "ATR's sibling task: the Query's rightmost sibling asked (ATR easy), by depth",
         "multihop.pdf, App. D.4", "atr-sibling",
         (copy, "copying the Query", f"Dashed: {copy}, what answering with the Query itself "
-         f"scores: the Query is its own rightmost sibling in {copy:.1%} of documents."))
+         f"scores in the paper: its Query is its own rightmost sibling in {copy:.1%} of documents."))
 
 
 # where the main setting reads a model of 1, 2 and 3 (or more) layers in atr_gen's panels
@@ -849,9 +849,9 @@ def mechanism_dynamics(records: list, out_dir: str) -> list:
                     "(its largest at the end; last layer's input)"),
              Line2D([], [], color="C4", label="Mamba: Attrib of layer 0's conv output @Value+1"),
              Line2D([], [], ls="none", marker="^", color="k", mfc="none",
-                    label="an Attrib passes 0.5: the mechanism has formed"),
+                    label="an Attrib reaches 0.5: the mechanism has formed"),
              Line2D([], [], ls="none", marker="o", color="k", mfc="none",
-                    label="accuracy passes halfway from its first to its final value")]
+                    label="accuracy reaches halfway from its first to its final value")]
     axes[0, 0].legend(handles=kinds + seeds, loc="upper left", bbox_to_anchor=(1.01, 1),
                       fontsize=8, frameon=False)
     fig.suptitle("The mechanism while it forms: accuracy and Attrib (Key corrupted) at every "
@@ -863,7 +863,7 @@ def mechanism_dynamics(records: list, out_dir: str) -> list:
         "(Key, Value or Query) with the largest Attrib in its final analysis, whether or not that "
         "one names its verdict (a run whose final Attribs are mixed is drawn too)"
         + (f": {mixed}" if (mixed := mixed_note(runs)) else "") + ". The mechanism has formed at "
-        "the first evaluation where that Attrib passes 0.5 with the Key mattering. Which comes "
+        "the first evaluation where that Attrib reaches 0.5 with the Key mattering. Which comes "
         "first, in steps: runs/cpu_preset/summary.md.", scale_note(runs)])
 
 

@@ -29,7 +29,7 @@ def dynamics_series(points: list, main: str, min_effect: float) -> dict:
 
 def moments(curve: list, name: str | None, min_effect: float) -> dict:
     """The steps where the mechanism forms (the first evaluation where the Key matters and the
-    watched Attrib `name`, the verdict's, passes 0.5) and where accuracy rises (halfway from its
+    watched Attrib `name`, the verdict's, reaches 0.5) and where accuracy rises (halfway from its
     first evaluation to a higher last one; ATR starts near a copy baseline); None if never."""
     points = [p for p in curve if "attrib" in p]
     formed = (p["step"] for p in points if name and p["attrib"]["effect"] >= min_effect
@@ -71,7 +71,7 @@ def dynamics(points: list, series: dict, when: dict, name: str | None, min_effec
              title: str, save) -> None:
     """Above, test accuracy and loss; below, on the same steps, the watched Attribs (series: label
     -> values, NaN where the Key does not matter). Dotted lines: when the mechanism forms (red,
-    the verdict's Attrib `name` passes 0.5) and when accuracy rises (black; moments)."""
+    the verdict's Attrib `name` reaches 0.5) and when accuracy rises (black; moments)."""
     steps = [p["step"] for p in points]
     fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(8, 6))
     top.plot(steps, [p["accuracy"] for p in points], "k-")
@@ -89,9 +89,9 @@ def dynamics(points: list, series: dict, when: dict, name: str | None, min_effec
                 ax.axvline(step, color=color, ls=":", lw=1.2)
     bottom.set(xlabel="training step", ylabel="Attrib (Key corrupted)", ylim=(-0.3, 1.3))
     bottom.legend(fontsize=7, ncol=2, loc="center right")
-    formed = (f"@{name.capitalize()} passes 0.5 at step {when['mechanism']} (red dotted)"
+    formed = (f"@{name.capitalize()} reaches 0.5 at step {when['mechanism']} (red dotted)"
               if when["mechanism"] else "no mechanism formed (the verdict names no position)")
-    fig.suptitle(f"{title}: the mechanism while it trains\n{formed}; accuracy passes halfway to "
+    fig.suptitle(f"{title}: the mechanism while it trains\n{formed}; accuracy reaches halfway to "
                  f"its final at step {when['accuracy']} (black dotted)\nAttribs drawn where the Key "
                  f"matters (p_clean - p_corrupted >= {min_effect})", fontsize=8)
     finish(fig, save)
