@@ -738,7 +738,8 @@ def atr_sibling(records: list, out_dir: str) -> list:
         "ATR's sibling task: the Query's rightmost sibling asked (ATR easy), by depth",
         "multihop.pdf, App. D.4", "atr-sibling",
         (copy, "copying the Query", f"Dashed: {copy}, what answering with the Query itself "
-         f"scores in the paper: its Query is its own rightmost sibling in {copy:.1%} of documents."))
+         f"scores in the paper: its Query is its own rightmost sibling in {copy:.1%} of "
+         "documents."))
 
 
 # where the main setting reads a model of 1, 2 and 3 (or more) layers in atr_gen's panels

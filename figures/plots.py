@@ -91,9 +91,9 @@ def dynamics(points: list, series: dict, when: dict, name: str | None, min_effec
     bottom.legend(fontsize=7, ncol=2, loc="center right")
     formed = (f"@{name.capitalize()} reaches 0.5 at step {when['mechanism']} (red dotted)"
               if when["mechanism"] else "no mechanism formed (the verdict names no position)")
-    fig.suptitle(f"{title}: the mechanism while it trains\n{formed}; accuracy reaches halfway to "
-                 f"its final at step {when['accuracy']} (black dotted)\nAttribs drawn where the Key "
-                 f"matters (p_clean - p_corrupted >= {min_effect})", fontsize=8)
+    fig.suptitle(f"{title}: the mechanism while it trains\n{formed}; accuracy reaches halfway "
+                 f"to its final at step {when['accuracy']} (black dotted)\nAttribs drawn where "
+                 f"the Key matters (p_clean - p_corrupted >= {min_effect})", fontsize=8)
     finish(fig, save)
 
 
