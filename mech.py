@@ -476,6 +476,7 @@ class Mamba(nn.Module):
         self.in_proj = nn.Linear(d, 2 * d_in, bias=False)
         self.conv1d = short_conv(d_in, d_conv, bias=True)
         self.conv_out = nn.Identity()
+        self.sites = {"conv_output": "conv_out"} if d_conv else {}  # section 6's site of its own
         self.x_proj = nn.Linear(d_in, R + 2 * N, bias=False)
         self.dt_proj = nn.Linear(R, d_in, bias=True)
         self.out_proj = nn.Linear(d_in, d, bias=False)
@@ -886,8 +887,9 @@ def train(cfg: Config, out: str | None = None, device: str = "auto", log=print,
 SITES = {  # site -> (module inside blocks[i], hook on its input "in" or its output "out")
     "block_input": ("", "in"), "block_output": ("", "out"),  # residual stream: into, out of block i
     "mixer_input": ("mixer", "in"), "mixer_output": ("mixer", "out"),  # normed in; before the add
-    "mlp_input": ("mlp", "in"), "mlp_output": ("mlp", "out"),  # block_output[i] = block_input[i+1]
-    "conv_output": ("mixer.conv_out", "out")}  # Mamba's short conv output, before SiLU (d_inner)
+    "mlp_input": ("mlp", "in"), "mlp_output": ("mlp", "out")}  # block_output[i] = block_input[i+1]
+# A mixer adds sites of its own by a dict `sites` {site: its submodule whose output is patched}:
+# Mamba's {"conv_output": "conv_out"}, its short conv's output before SiLU (d_inner wide).
 POSITIONS = ("key", "value", "value+1", "value+2", "divider", "query")  # value+1 is AR's "next key"
 # Value+1 / Value+2 can be the divider / the Query (AR: the last pair; ATR: in 38-48 % of the 320
 # test documents of seeds 42-44 in each setting), where patching them is patching those: their
@@ -918,24 +920,25 @@ def distinct(data: Examples, name: str) -> torch.Tensor:
                         for p in POSITIONS if "+" not in p and p != name]).all(0)
 
 
+def site_paths(block: Block) -> dict:
+    """{site: (module path inside the block, "in" or "out")}: SITES but an absent MLP (Mamba's),
+    then the mixer's own sites."""
+    paths = {site: where for site, where in SITES.items()
+             if where[0] != "mlp" or block.mlp is not None}
+    return paths | {site: ("mixer." + path, "out")
+                    for site, path in getattr(block.mixer, "sites", {}).items()}
+
+
 def sites_of(model: LanguageModel) -> list:
-    """The (site, layer)s of this model: no MLP in Mamba, a conv output only where there is one."""
-    out = []
-    for layer, block in enumerate(model.blocks):
-        modules = dict(block.named_modules())
-        for site, (path, _) in SITES.items():
-            if path not in modules:  # a Mamba block's mlp (None); a mixer without conv_out
-                continue
-            if site != "conv_output" or not isinstance(block.mixer.conv1d, nn.Identity):
-                out.append((site, layer))  # (Mamba's conv_out is no site with d_conv 0)
-    return out
+    """The (site, layer)s of this model."""
+    return [(site, layer) for layer, block in enumerate(model.blocks) for site in site_paths(block)]
 
 
 def intervene(model: LanguageModel, site: str, layer: int, fn):
     """Run the model with fn(activation) -> activation at (site, layer); `with intervene(...):`
     removes the hook on the way out (so does handle.remove()). Activations are (b, l, width); fn
     may read them (and return them unchanged) or edit a copy."""
-    path, side = SITES[site]
+    path, side = site_paths(model.blocks[layer])[site]
     module = model.blocks[layer].get_submodule(path)
     if side == "in":
         return module.register_forward_pre_hook(lambda m, args: (fn(args[0]), *args[1:]))
@@ -1434,12 +1437,24 @@ def load_weights(module: nn.Module, state: dict, path: str) -> None:
 
 
 def identity(cfg: Config) -> dict:
-    """What makes two runs the same run: every field, the length in steps (not the preset)."""
-    return {**dataclasses.asdict(cfg), "preset": None, "epochs": None, "steps": cfg.total_steps}
+    """What makes two runs the same run: every field, the length in steps (not the preset), and
+    the content of the --mixer-file that registered its arch, if one did."""
+    code = {"mixer_code": MIXER_CODE[cfg.arch]} if cfg.arch in MIXER_CODE else {}
+    return {**dataclasses.asdict(cfg), "preset": None, "epochs": None, "steps": cfg.total_steps,
+            **code}
+
+
+def stored_identity(out: str) -> dict:
+    """identity() of the run in `out`, with the mixer code it was trained with."""
+    theirs = identity(stored_config(out))
+    theirs.pop("mixer_code", None)
+    code = read_json(os.path.join(out, "config.json")).get("mixer_code")
+    return theirs | ({"mixer_code": code} if code else {})
 
 
 def stored_config(out: str) -> Config:
     fields = read_json(os.path.join(out, "config.json"))
+    fields.pop("mixer_code", None)
     try:
         return Config(**fields)
     except (TypeError, ValueError) as e:
@@ -1450,7 +1465,7 @@ def stored_config(out: str) -> Config:
 def finished_metrics(out: str, cfg: Config) -> dict | None:
     """metrics.json of this very run in `out`, if it finished there; None if not (yet)."""
     path = os.path.join(out, "metrics.json")
-    if not os.path.exists(path) or identity(stored_config(out)) != identity(cfg):
+    if not os.path.exists(path) or stored_identity(out) != identity(cfg):
         return None
     return read_json(path, needs=("accuracy", "steps", "curve"))
 
@@ -1473,11 +1488,12 @@ def claim(out: str, cfg: Config, force: bool = False):
                     os.unlink(os.path.join(out, name))
         path, mine = os.path.join(out, "config.json"), identity(cfg)
         if not os.path.exists(path):
-            write_json(path, dataclasses.asdict(cfg))
-        theirs = identity(stored_config(out))
+            code = {k: mine[k] for k in mine if k == "mixer_code"}
+            write_json(path, dataclasses.asdict(cfg) | code)
+        theirs = stored_identity(out)
         if theirs != mine:
-            diff = ", ".join(f"{k} {v} (asked: {mine[k]})" for k, v in theirs.items()
-                             if v != mine[k])
+            diff = ", ".join(f"{k} {theirs.get(k)} (asked: {mine.get(k)})"
+                             for k in {**theirs, **mine} if theirs.get(k) != mine.get(k))
             raise RunError(f"{out} holds another run ({diff}); choose another --out, or --force "
                            "to start it over")
     except BlockingIOError:
@@ -1869,14 +1885,19 @@ def build_parser() -> Parser:
     return p
 
 
-def register_mixer(name: str, factory) -> None:
+def register_mixer(name: str, factory, d_conv: int | None = None) -> None:
     """Add an architecture to MIXERS: factory(cfg, layer) -> a module (b, l, d) -> (b, l, d) that
-    is causal. Tried on a small input first: a taken name, another output shape or an output that
-    depends on later positions is refused in one line (ValueError)."""
+    is causal. d_conv: the default width of its short conv, which --dconv then sets (cfg.d_conv).
+    Tried on a small input first: a taken name, another output shape, an output that depends on
+    later positions or a site named like a block's (SITES) is refused in one line (ValueError)."""
     if name in MIXERS:
         raise ValueError(f"mixer {name!r} is taken ({', '.join(MIXERS)}); choose another name")
     x = torch.randn(2, 7, 16)
     mixer = factory(Config(d_model=16), 0)
+    clash = set(getattr(mixer, "sites", {})) & set(SITES)
+    if clash:
+        raise ValueError(f"mixer {name!r} names a site {', '.join(clash)}, which is a block's; "
+                         "choose another name")
     y = mixer(x)
     if not isinstance(y, torch.Tensor) or y.shape != x.shape:
         shape = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
@@ -1885,6 +1906,8 @@ def register_mixer(name: str, factory) -> None:
         raise ValueError(f"mixer {name!r} is not causal: position 5's output changes with 6's "
                          "input")
     MIXERS[name] = factory
+    if d_conv is not None:
+        DEFAULT_DCONV[name] = d_conv
 
 
 def run_mixer_files(paths) -> None:
@@ -1893,13 +1916,18 @@ def run_mixer_files(paths) -> None:
         if os.path.abspath(path) in MIXER_FILES:
             continue
         MIXER_FILES.add(os.path.abspath(path))
+        before = set(MIXERS)
         try:
             runpy.run_path(path)
         except Exception as e:  # its own error, in one line
             raise ValueError(f"--mixer-file {path}: {type(e).__name__}: {e}") from None
+        with open(path, "rb") as f:
+            code = sha1(f.read()).hexdigest()
+        MIXER_CODE.update(dict.fromkeys(set(MIXERS) - before, code))
 
 
 MIXER_FILES = set()  # the files run_mixer_files has run
+MIXER_CODE = {}  # arch -> sha1 of the --mixer-file that registered it: an edited mixer, a new run
 
 
 def flag_of(name: str) -> str:

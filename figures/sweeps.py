@@ -162,7 +162,7 @@ def finished(folder: str, cfg: mech.Config) -> bool:
     if not os.path.exists(os.path.join(folder, "metrics.json")):
         return False
     try:
-        return mech.identity(mech.stored_config(folder)) == mech.identity(cfg)
+        return mech.stored_identity(folder) == mech.identity(cfg)
     except (mech.RunError, OSError):  # damaged, foreign or missing: mech.py will say which
         return False
 

@@ -81,3 +81,28 @@ def test_a_registered_mixer_trains_in_python(monkeypatch):
                       eval_every=10, n_eval=16)
     model, metrics = mech.train(cfg, device="cpu", log=lambda m: None)
     assert metrics["steps"] == 10 and "verdict" in mech.analyse(model, cfg)
+
+
+class ConvThenMean(nn.Module):  # a short conv whose output is a site of its own, then a mean
+    def __init__(self, d, d_conv):
+        super().__init__()
+        self.conv1d, self.conv_out = mech.short_conv(d, d_conv, bias=True), nn.Identity()
+        self.sites = {"conv_output": "conv_out"} if d_conv else {}
+
+    def forward(self, x):
+        x = self.conv_out(self.conv1d(x.transpose(1, 2))).transpose(1, 2)
+        return x.cumsum(1) / torch.arange(1, x.shape[1] + 1)[:, None]
+
+
+def test_a_mixer_takes_dconv_and_names_a_site_of_its_own(monkeypatch):
+    monkeypatch.setattr(mech, "MIXERS", dict(mech.MIXERS))
+    monkeypatch.setattr(mech, "DEFAULT_DCONV", dict(mech.DEFAULT_DCONV))
+    mech.register_mixer("conv_mean", lambda cfg, i: ConvThenMean(cfg.d_model, cfg.d_conv), d_conv=3)
+    for d_conv, has_site in ((None, True), (0, False)):
+        cfg = mech.Config(arch="conv_mean", d_model=16, num_kv=64, n_train=64, d_conv=d_conv)
+        assert cfg.d_conv == (3 if d_conv is None else 0)
+        model = mech.build_model(cfg, 70)
+        assert (("conv_output", 0) in mech.sites_of(model)) == has_site
+    with pytest.raises(ValueError, match="names a site block_input"):
+        mech.register_mixer("clash", lambda cfg, i: type("C", (nn.Identity,), {
+            "sites": {"block_input": "x"}})())
