@@ -40,8 +40,12 @@ Glossary (code name: paper notation, meaning)
     n_terminals        |Σ|: ATR's word vocabulary (20 or 8192)
 Run it: python mech.py --arch mamba --task ar --dconv 4 (more in --help and README.md)."""
 
+import contextlib
 import dataclasses
+import json
 import math
+import os
+import time
 import zlib
 from bisect import bisect_right
 
@@ -579,7 +583,6 @@ def based_layer(cfg, i: int) -> nn.Module:
 
 
 # The registry of architectures: name -> (config, layer index) -> a mixer (b, l, d) -> (b, l, d).
-# A mixer of your own is one more entry, checked by register_mixer (README: "Your own mixer").
 MIXERS = {
     "attention": lambda cfg, i: Attention(cfg.d_model, cfg.n_head),
     "base_conv": base_conv_layer,
@@ -588,7 +591,53 @@ MIXERS = {
     "hyena": lambda cfg, i: Hyena(cfg.d_model, d_skip=cfg.hyena_d_skip),
     "mamba": lambda cfg, i: Mamba(cfg.d_model, d_conv=cfg.d_conv, scan=cfg.scan),
     "delta_net": lambda cfg, i: DeltaNet(cfg.d_model, cfg.n_head, d_conv=cfg.d_conv)}
-DEFAULT_DCONV = {"mamba": 4, "delta_net": 4, "based": 3}  # archs whose short conv --dconv sets
+DEFAULT_DCONV = {"mamba": 4, "delta_net": 4, "based": 3, "base_conv": 3}  # those with a short conv
+MIXER_CODE = {}  # arch -> sha1 of the --mixer-file that registered it (appendix): its identity
+
+
+def register_mixer(name: str, factory, d_conv: int | None = None) -> None:
+    """A mixer of your own (README, "Your own mixer"): factory(cfg, layer) -> a causal module
+    (b, l, d) -> (b, l, d); d_conv, the default width of its short conv if it has one (--dconv
+    then sets cfg.d_conv). It may name sites of its own (section 6). train() tries it first."""
+    if name in MIXERS:
+        raise ValueError(f"mixer {name!r} is taken ({', '.join(MIXERS)}); choose another name")
+    MIXERS[name] = factory
+    if d_conv is not None:
+        DEFAULT_DCONV[name] = d_conv
+
+
+@torch.no_grad()
+def check_mixer(cfg, length: int) -> None:
+    """Try cfg's mixer as the run will use it (eval mode, documents of `length` tokens): it must be
+    a module that keeps (b, l, d), stays finite, names no block site and is causal: for every
+    position i, an input changed from i on leaves every output before i as it was."""
+    name, d = cfg.arch, cfg.d_model
+    with torch.random.fork_rng(devices=[]):  # the run's own random numbers stay as they were
+        mixer, g = MIXERS[name](cfg, 0), torch.Generator().manual_seed(0)
+        if not isinstance(mixer, nn.Module):
+            raise ValueError(f"mixer {name!r}: its factory returned a {type(mixer).__name__}, "
+                             "not a torch module")
+    clash = set(getattr(mixer, "sites", {})) & set(SITES)
+    if clash:
+        raise ValueError(f"mixer {name!r} names its own site {', '.join(clash)}, which is a "
+                         "block's (SITES); choose another name")
+    x = torch.randn(1, length, d, generator=g)                              # (1, l, d)
+    y = mixer.eval()(x)
+    if not isinstance(y, torch.Tensor) or y.shape != x.shape:
+        shape = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
+        raise ValueError(f"mixer {name!r} maps {tuple(x.shape)} to {shape}; a mixer keeps "
+                         "(b, l, d)")
+    if not y.isfinite().all():
+        raise ValueError(f"mixer {name!r} returns NaN or inf on a random input")
+    # document i: x with its positions i.. replaced; its outputs before i must not move
+    later = torch.arange(length)[:, None] <= torch.arange(length)                # (l, l): i <= t
+    for rows in torch.arange(length).split(64):
+        xs = torch.where(later[rows, :, None], torch.randn(len(rows), length, d, generator=g), x)
+        moved = ((mixer(xs) - y).abs().amax(-1) > 1e-4 * (1 + y.abs().max())) & ~later[rows]
+        if moved.any():
+            i, t = moved.nonzero()[0].tolist()
+            raise ValueError(f"mixer {name!r} is not causal: its output at position {t} "
+                             f"changes with the input at position {rows[i]}")
 
 
 def init_weights(model: nn.Module, cfg):
@@ -642,9 +691,12 @@ class LanguageModel(nn.Module):
 
 
 # 5. Training ------------------------------------------------------------------------------------
-def opt(default, help: str, flag: str | None = None, choices: tuple | None = None):
-    """A Config field: its default, --help text, flag if not --<name>, and allowed values."""
-    return dataclasses.field(default=default, metadata=dict(help=help, flag=flag, choices=choices))
+def opt(default, help: str, flag: str | None = None, choices: tuple | None = None,
+        low=None, high=None):
+    """A Config field: its default, --help text, its flag if not --<name>, and the values it
+    allows (choices, or from low to high), which Config.check enforces."""
+    return dataclasses.field(default=default, metadata=dict(help=help, flag=flag, choices=choices,
+                                                            low=low, high=high))
 
 
 @dataclasses.dataclass
@@ -657,56 +709,68 @@ class Config:
     preset: str = opt("cpu", "where the fields marked 'from --preset' get their values (cpu: "
                       "calibrated on 2 CPU cores; paper: its protocol; class: each headline claim "
                       "in minutes)", choices=("cpu", "paper", "class"))
-    d_model: int | None = opt(None, "model width d (cpu, paper: 64; paper grid: 16 .. 256)")
-    n_layer: int = opt(2, "number of blocks (the paper: 2; appendix: 1 and 3)", "--layers")
-    n_head: int = opt(1, "attention / DeltaNet heads (the paper: 1)", "--heads")
+    d_model: int | None = opt(None, "model width d (cpu, paper: 64; paper grid: 16 .. 256)",
+                              low=1, high=1024)
+    n_layer: int = opt(2, "number of blocks (the paper: 2; appendix: 1 and 3)", "--layers",
+                       low=1, high=16)
+    n_head: int = opt(1, "attention / DeltaNet heads (the paper: 1)", "--heads", low=1, high=64)
     pos_emb: bool | None = opt(None, "learned position embedding (attention's default)")
-    d_conv: int | None = opt(None, "short-conv width (0 = none) of mamba and delta_net (4), based "
-                                   "and base_conv (3)", "--dconv")
+    d_conv: int | None = opt(None, "short-conv width, 0 = none (mamba, delta_net: 4; based, "
+                             "base_conv: 3)", "--dconv", low=0, high=L_MAX)
     long_conv: bool = opt(False, "based / base_conv: the implicit long conv for the short one")
     hyena_d_skip: bool = opt(True, "Hyena's D skip (the official runs had it zeroed by a bug)")
     value_corruption: str = opt("value", "a corrupted Value becomes a value, or a key (official)",
                                 choices=("value", "key"))
     scan: str = opt("auto", "Mamba's scan (ext: compiled scan_ext/; ref: the loop; auto: ext if "
                     "it builds)", choices=SCAN_BACKENDS)
-    num_kv: int = opt(8192, "AR: number of key + value tokens (half keys, half values)")  # -- data
-    n_pairs: int | None = opt(None, "AR: key-value pairs per document (cpu, paper: 16)")
+    num_kv: int = opt(8192, "AR: number of key + value tokens (half keys, half values)",  # -- data
+                      low=4, high=1_000_000)
+    n_pairs: int | None = opt(None, "AR: key-value pairs per document (cpu, paper: 16)",
+                              low=1, high=(L_MAX - 5) // 2)
     atr: str = opt("easy", "ATR setting (easy: Lmax 5, |Σ| 20; medium: Lmax 10; 8192: |Σ|)",
                    choices=("easy", "medium", "8192"))
     atr_query: str = opt("parent", "ATR: ask the word's parent or its rightmost sibling",
                          choices=("parent", "sibling"))
-    held_out: float = opt(0.0, "ATR: fraction of label pairs asked only by test documents")
-    grammar_seed: int = opt(42, "ATR: seed of the grammar (42: the official grammars)")
+    held_out: float = opt(0.0, "ATR: fraction of label pairs asked only by test documents",
+                          low=0.0, high=0.9)
+    grammar_seed: int = opt(42, "ATR: seed of the grammar (42: the official grammars)",
+                            low=0, high=2 ** 32 - 1)  # numpy's legacy RNG takes 32 bits
     n_train: int | None = opt(None, "training documents, generated once and replayed every "
-                              "epoch (cpu, paper: 100,032)")
+                              "epoch (cpu, paper: 100,032)", low=1, high=2_000_000)
     fresh_data: bool | None = opt(None, "a fresh batch every step instead of the fixed set")
-    bucket: int | None = opt(None, "batch documents by length in windows of this many batches")
-    n_eval: int = opt(320, "test documents evaluated (the paper: the first 320)")
-    steps: int | None = opt(None, "optimizer steps (command line: this or --epochs)")  # -- training
-    epochs: int | None = opt(None, "passes over the training set, if steps is None")
-    batch_size: int = opt(32, "training batch size")
-    lr: float | None = opt(None, "peak learning rate (paper grid: 3e-5 .. 3e-2)")
-    warmup_frac: float | None = opt(None, "fraction of the steps spent in linear warmup")
+    bucket: int | None = opt(None, "batch documents by length in windows of this many batches",
+                             low=0, high=100_000)
+    n_eval: int = opt(320, "test documents evaluated (the paper: the first 320)",
+                      low=1, high=100_000)
+    steps: int | None = opt(None, "optimizer steps (command line: this or --epochs)",  # -- training
+                            low=1, high=10_000_000)
+    epochs: int | None = opt(None, "passes over the training set, if steps is None",
+                             low=1, high=10_000)
+    batch_size: int = opt(32, "training batch size", low=1, high=4096)
+    lr: float | None = opt(None, "peak learning rate (paper grid: 3e-5 .. 3e-2)", low=1e-8, high=1.0)
+    warmup_frac: float | None = opt(None, "fraction of the steps spent in linear warmup",
+                                    low=0.0, high=0.99)
     schedule: str | None = opt(None, "after warmup (wsd: hold the peak, then decay)",
                                choices=("cosine", "linear", "wsd"))
-    decay_frac: float = opt(0.2, "wsd: fraction of the steps spent decaying at the end")
-    weight_decay: float = opt(0.0, "AdamW weight decay (the paper: 0)")
-    eval_every: int | None = opt(None, "steps between evaluations on the test documents")
-    seed: int = opt(42, "seed for the data and the initial weights")
+    decay_frac: float = opt(0.2, "wsd: fraction of the steps spent decaying at the end",
+                            low=0.001, high=1.0)
+    weight_decay: float = opt(0.0, "AdamW weight decay (the paper: 0)", low=0.0, high=1.0)
+    eval_every: int | None = opt(None, "steps between evaluations (and checkpoints)",
+                                 low=1, high=10_000_000)
+    seed: int = opt(42, "seed for the data and the initial weights", low=0, high=2 ** 32 - 1)
 
     def __post_init__(self):
         presets = {"cpu": self.cpu_preset, "paper": self.paper_preset, "class": self.class_preset}
-        preset = presets.get(self.preset)
-        if preset is None:
+        if self.preset not in presets:
             raise ValueError(f"unknown preset {self.preset!r}; choose from cpu, paper, class")
         defaults = dict(pos_emb=self.arch == "attention", d_conv=DEFAULT_DCONV.get(self.arch))
-        defaults.update(preset())
+        defaults.update(presets[self.preset]())
         if self.steps is not None or self.epochs is not None:  # a given length wins
             del defaults["steps"], defaults["epochs"]
         for name, value in defaults.items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
-        check_config(self)  # bad values are refused in one line (appendix)
+        self.check()
 
     def paper_preset(self) -> dict:
         """The paper's protocol (tinylang experiments/*.yaml; the best of 5-7 learning rates):
@@ -717,27 +781,25 @@ class Config:
                     fresh_data=False, warmup_frac=0.1, d_model=64, n_pairs=16, n_train=100_032)
 
     def cpu_preset(self) -> dict:
-        """The paper's task, data and batch at d = 64, on a wsd schedule fit to 2 CPU cores (its
-        calibration: figures/README.md)."""
+        """The paper's task, data and batch at d = 64, on a wsd schedule fit to 2 CPU cores; the
+        exceptions below are where its calibration (figures/README.md) found the default short."""
         out = dict(steps=15_000, epochs=None, lr=1e-3, schedule="wsd", fresh_data=False,
                    eval_every=500, warmup_frac=0.1, bucket=16 if self.task == "atr" else 0,
                    d_model=64, n_pairs=16, n_train=100_032)
-        if self.arch == "attention":  # AR: it crosses its plateau (induction forms) only at
-            # 13-17k; ATR: with 1.5k warmup steps it stays on the copy heuristic (0.65)
-            out.update(dict(steps=30_000) if self.task == "ar" else dict(warmup_frac=0.5))
-        if (self.task, self.arch) == ("ar", "mamba"):  # it memorises the fixed set (train loss
-            out.update(steps=20_000, lr=3e-3, fresh_data=True)  # 0.03, test 0.66 at 25k)
-        if (self.task, self.arch, self.pos_emb) == ("ar", "based", True):  # at 1e-3 it
-            out.update(lr=3e-4)  # memorises too (train loss 2.2, test 8.4: 0.03); 3e-4: 0.90
+        if self.arch == "attention":  # AR: its induction forms late; ATR: a short warmup leaves
+            out.update(dict(steps=30_000) if self.task == "ar" else dict(warmup_frac=0.5))  # it
+        if (self.task, self.arch) == ("ar", "mamba"):  # on the copy heuristic. Mamba and Based
+            out.update(steps=20_000, lr=3e-3, fresh_data=True)  # memorise the fixed AR set
+        if (self.task, self.arch, self.pos_emb) == ("ar", "based", True):
+            out.update(lr=3e-4)
         return out
 
     def class_preset(self) -> dict:
         """The CPU preset cut to show each headline claim in a class, in 1-4 minutes a run on 2 CPU
-        cores (its calibration: figures/README.md, "The class preset"): 10,000 steps; on AR,
-        attention and Based at d = 32 on 8 pairs and 50,000 training documents (Mamba learns
-        neither at d = 32 nor, in every seed, on 8 pairs); on ATR, Mamba at 5e-3 after a long
-        warmup. Attention on AR and Mamba on ATR train 15,000 steps: in 10,000 some seeds have not
-        yet formed their mechanism."""
+        cores (figures/README.md, "The class preset"): 10,000 steps; on AR, attention and Based at
+        d = 32 on 8 pairs and 50,000 training documents (Mamba learns neither at d = 32 nor, in
+        every seed, on 8 pairs); on ATR, Mamba at 5e-3 after a long warmup. Attention on AR and
+        Mamba on ATR train 15,000 steps: in 10,000 some seeds have not yet formed their mechanism."""
         out = self.cpu_preset()
         out.update(steps=10_000)
         if self.task == "ar" and self.arch in ("attention", "based"):
@@ -754,10 +816,61 @@ class Config:
             return self.steps
         return self.epochs * (self.n_train // self.batch_size)
 
+    def check(self):
+        """Refuse, in a ValueError of one line, a value outside its field's choices or range, then
+        a combination that cannot train."""
+        if self.arch not in MIXERS:
+            raise ValueError(f"unknown arch {self.arch!r}; choose from {', '.join(MIXERS)}")
+        for f in dataclasses.fields(self):
+            value, allowed = getattr(self, f.name), f.metadata
+            if allowed["choices"] and value not in allowed["choices"]:
+                raise ValueError(f"unknown {f.name} {value!r}; choose from "
+                                 f"{', '.join(allowed['choices'])}")
+            if allowed["low"] is not None and value is not None and not (
+                    allowed["low"] <= value <= allowed["high"]):  # NaN fails too
+                raise ValueError(f"{f.name} must be in [{allowed['low']:,}, {allowed['high']:,}], "
+                                 f"got {value}")
+        problem = next(self.problems(), None)
+        if problem:
+            raise ValueError(problem)
+
+    def problems(self):
+        """The combinations that cannot be trained, in words."""
+        d, arch = self.d_model, self.arch
+        if d % self.n_head:
+            yield f"d_model {d} is not divisible by n_head {self.n_head}"
+        if self.n_head != 1 and arch not in ("attention", "delta_net"):
+            yield f"n_head {self.n_head}: only attention and delta_net have heads (use 1)"
+        if arch == "h3" and d % 2:
+            yield f"d_model {d}: h3 needs an even width (head_dim 2)"
+        if self.d_conv is not None and arch not in DEFAULT_DCONV:
+            yield (f"--dconv {self.d_conv}: {arch} has no short conv (these have: "
+                   f"{', '.join(DEFAULT_DCONV)})")
+        if self.long_conv and arch not in ("based", "base_conv"):
+            yield f"--long-conv applies to based and base_conv, not {arch}"
+        if self.num_kv % 2 or not 1 <= self.n_pairs <= self.num_kv // 2:
+            yield (f"AR needs an even num_kv (got {self.num_kv}) and at most num_kv / 2 keys "
+                   f"per document (n_pairs {self.n_pairs})")
+        if self.n_train < self.batch_size and not self.fresh_data:
+            yield f"n_train {self.n_train} is smaller than one batch ({self.batch_size})"
+        if self.total_steps < 1:
+            yield (f"{self.epochs} epoch(s) of {self.n_train} documents in batches of "
+                   f"{self.batch_size} make no step; give more --epochs or --steps")
+        if self.schedule == "wsd" and self.decay_frac > 1 - self.warmup_frac + 1e-9:
+            yield (f"decay_frac must be at most 1 - warmup_frac = {1 - self.warmup_frac:g}, got "
+                   f"{self.decay_frac}")  # 1e-9: 0.2 is 1 - 0.8 in decimals, not in floats
+
 
 class RunError(RuntimeError):
     """A run that cannot go on (it diverged; a file is damaged): one line for the command line."""
-    code = 1  # the exit code
+
+
+class Stopped(KeyboardInterrupt):
+    """Ctrl-C, SIGTERM or SIGHUP (see the appendix): the run stopped, and the same command goes
+    on from where it was. A KeyboardInterrupt, so that no `except Exception` swallows it."""
+
+
+STOP = []  # the stop signals caught (appendix); train() obeys them between two steps
 
 
 def build_model(cfg: Config, vocab_size: int) -> LanguageModel:
@@ -807,70 +920,207 @@ def batch_documents(length: np.ndarray, n_batches: int, batch_size: int, bucket:
     return batches
 
 
-def training_batches(cfg: Config, task, device: torch.device):
-    """batch_at(step): that step's batch, a pure function of (seed, step), so that a resumed run
-    sees the same: the fixed set, replayed in order every epoch, or with --fresh-data a new one."""
+def training_batches(cfg: Config, task, device) -> tuple:
+    """(batch_at, longest): batch_at(step) is that step's batch, a pure function of (seed, step),
+    so that a resumed run sees the same: the fixed set, replayed in order every epoch, or with
+    --fresh-data a new one; longest, the longest training document (0: not known in advance)."""
     if cfg.fresh_data:
         def batch_at(step):
             return task.sample(cfg.batch_size, rng_for(cfg.seed, f"train-step-{step}")).to(device)
-        return batch_at
+        return batch_at, 0
     per_epoch = cfg.n_train // cfg.batch_size
     train_set = task.sample(cfg.n_train, rng_for(cfg.seed, "train"))
     order = batch_documents(train_set.pos["answer"].numpy(), per_epoch, cfg.batch_size,
                             cfg.bucket, rng_for(cfg.seed, "buckets"))
     # one padded tensor per batch: ATR's rare long sentences pad only their own batch
     batches = [train_set[torch.from_numpy(i)].trim() for i in order]
-    return lambda step: batches[step % per_epoch].to(device)
+    return (lambda step: batches[step % per_epoch].to(device)), train_set.trim().ids.shape[1]
 
 
-def train(cfg: Config, out: str | None = None, device: str = "auto", log=print,
-          checkpoint_every_s: float = 60.0, force: bool = False, dynamics: bool = True) -> tuple:
-    """Train one model -> (model, metrics). With `out`, the run lives in that folder (appendix:
-    RunFolder): a stopped run resumes where it stopped, a finished one is returned as saved."""
+# A run's folder (--out) holds config.json (what run it is, written first), checkpoint.pt (while it
+# trains) and, once finished, model.pt and metrics.json. Each is written whole by `save`, and read
+# inside `reading`, the one place that turns a damaged file into one line.
+def stored(cfg: Config) -> dict:
+    """config.json: the fields, and the content's hash of a --mixer-file that registered the arch."""
+    code = {"mixer_code": MIXER_CODE[cfg.arch]} if cfg.arch in MIXER_CODE else {}
+    return dataclasses.asdict(cfg) | code
+
+
+def identity(cfg: Config) -> dict:
+    """What makes two runs the same run: what config.json holds, the length in steps, not how it
+    was given (a preset, epochs)."""
+    return stored(cfg) | {"preset": None, "epochs": None, "steps": cfg.total_steps}
+
+
+def save(path: str, obj) -> None:
+    """Write a file whole: to a temporary name, then renamed, so that a stop, a kill or a full disk
+    leaves the old file (or none), never half of one."""
+    tmp = path + ".tmp"
+    try:
+        if path.endswith(".json"):
+            with open(tmp, "w") as f:
+                json.dump(obj, f, indent=1)
+        else:
+            torch.save(obj, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def reading(path: str):
+    """`with reading(path):` load and use a run's file; if it is cut short, damaged or another
+    program's, end in one line that names it."""
+    try:
+        yield
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise RunError(f"{path} cannot be used ({type(e).__name__}: {first}); move it away, and "
+                       "the same command redoes what it held") from None
+
+
+def stored_identity(out: str) -> dict | None:
+    """identity() of the run whose config.json is in `out` (None: there is none)."""
+    path = os.path.join(out, "config.json")
+    if not os.path.exists(path):
+        return None
+    with reading(path):
+        with open(path) as f:
+            fields = json.load(f)
+        code = fields.pop("mixer_code", None)
+        theirs = identity(Config(**fields))
+    theirs.pop("mixer_code", None)
+    return theirs | ({"mixer_code": code} if code else {})
+
+
+def finished(out: str | None, cfg: Config) -> dict | None:
+    """The metrics of this very run, if `out` holds it finished (model.pt and metrics.json)."""
+    if out is None or stored_identity(out) != identity(cfg):
+        return None
+    if not all(os.path.exists(os.path.join(out, f)) for f in ("model.pt", "metrics.json")):
+        return None
+    path = os.path.join(out, "metrics.json")
+    with reading(path), open(path) as f:
+        metrics = json.load(f)
+        if not {"accuracy", "curve"} <= metrics.keys():
+            raise ValueError("no metrics of a mech.py run")
+    return metrics
+
+
+def train(cfg: Config, out: str | None = None, device="cpu", log=print,
+          dynamics: bool = True) -> tuple:
+    """Train one model -> (model, metrics). With `out`, the run lives in that folder: a stopped run
+    resumes where it stopped, exactly, and a finished one is loaded, not trained again."""
     # the task (section 1, or 7 for ATR), its documents, the model and its optimizer
-    dev = choose_device(device, cfg)
     task = make_task(cfg)
-    model = build_model(cfg, task.vocab_size).to(dev)
+    model = build_model(cfg, task.vocab_size).to(device)
+    metrics = finished(out, cfg)
+    if metrics is not None:
+        path = os.path.join(out, "model.pt")
+        with reading(path):
+            model.load_state_dict(torch.load(path, map_location=device))
+        log(f"{out} already holds this run")
+        return model, metrics
+    batch_at, longest = training_batches(cfg, task, device)
+    test = task.sample(cfg.n_eval, rng_for(cfg.seed, "test"), split="test").to(device)
+    check_mixer(cfg, max(longest, test.ids.shape[1]))  # tried at the lengths this run uses
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8,
                                   weight_decay=cfg.weight_decay, fused=True)
-    batch_at = training_batches(cfg, task, dev)
-    test = task.sample(cfg.n_eval, rng_for(cfg.seed, "test"), split="test").to(dev)
-    dev_set = None  # --held-out: the test documents ask held-out pairs only, dev ones the others
+    dev_docs = None  # --held-out: the test documents ask held-out pairs only, dev ones the others
     if cfg.held_out:
-        dev_set = task.sample(cfg.n_eval, rng_for(cfg.seed, "dev"), split="dev").to(dev)
-    with RunFolder(out, cfg, force, checkpoint_every_s, log) as run:
-        run.resume(model, optimizer)  # a stopped run's step, curve and loss sum, if there is one
-        if run.finished:
-            return model, run.metrics
-        for step in range(run.step, cfg.total_steps):
-            run.pause_point()  # a checkpoint each minute; Ctrl-C, SIGTERM and SIGHUP stop here
-            # one optimisation step
-            batch = batch_at(step)
-            for group in optimizer.param_groups:
-                group["lr"] = lr_at(step, cfg)
-            loss = F.cross_entropy(model(batch.ids, at=batch.pos["query"]), batch.answer)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            run.step_done(loss)  # counts the step and sums its loss for the next evaluation
-            if run.step % cfg.eval_every and run.step != cfg.total_steps:
-                continue
-            # every eval_every steps and at the end: evaluate, watch the mechanism, log
-            train_loss = run.mean_loss()  # since the last evaluation
-            uniform = math.log(task.vocab_size)  # the loss of a uniform guess
-            if not train_loss < 2 * uniform:  # NaN too
-                raise RunError(f"the training loss reached {train_loss:.4g} by step {run.step} (a "
-                               f"uniform guess: {uniform:.2f}); try a lower --lr than {cfg.lr:g}")
-            ev = evaluate(model, test)
-            point = dict(step=run.step, train_loss=round(train_loss, 5),
-                         test_loss=round(ev["loss"], 5), accuracy=ev["accuracy"],
-                         time_s=run.clock())
-            if dev_set is not None:
-                point["dev_accuracy"] = evaluate(model, dev_set)["accuracy"]
-            if dynamics:  # the mechanism while it forms (section 6)
-                point["attrib"] = watch_mechanism(model, task, test, cfg)
-            run.log_point(point)  # the curve, and a progress line
-        return model, run.finish(model)
+        dev_docs = task.sample(cfg.n_eval, rng_for(cfg.seed, "dev"), split="dev").to(device)
+    # the run folder: refuse another run's; resume from the checkpoint if there is one
+    step, curve, elapsed, loss_sum = 0, [], 0.0, torch.zeros((), device=device)
+    if out is not None:
+        os.makedirs(out, exist_ok=True)
+        theirs, mine = stored_identity(out), identity(cfg)
+        if theirs is None:
+            save(os.path.join(out, "config.json"), stored(cfg))
+        elif theirs != mine:
+            diff = ", ".join(f"{k} {theirs.get(k)} (asked: {mine.get(k)})"
+                             for k in {**theirs, **mine} if theirs.get(k) != mine.get(k))
+            raise RunError(f"{out} holds another run ({diff}); choose another --out")
+        checkpoint = os.path.join(out, "checkpoint.pt")
+        if os.path.exists(checkpoint):
+            with reading(checkpoint):
+                state = torch.load(checkpoint, map_location=device)
+                model.load_state_dict(state["model"])
+                optimizer.load_state_dict(state["optimizer"])
+                step, curve, elapsed = state["step"], state["curve"], state["elapsed"]
+                loss_sum.fill_(state["loss_sum"])
+            log(f"resuming {out} at step {step:,}")
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"{cfg.arch} on {cfg.task}: d={cfg.d_model}, {cfg.n_layer} layers, {n_params:,} "
+        f"parameters, {cfg.total_steps:,} steps, lr {cfg.lr:g}, {torch.device(device).type}, "
+        f"{torch.get_num_threads()} thread(s)")
+    start, t0 = step, time.time()
+
+    def save_checkpoint(step: int):  # the state that resumes the run exactly
+        if out is not None:
+            save(checkpoint, dict(model=model.state_dict(), optimizer=optimizer.state_dict(),
+                                  step=step, curve=curve, loss_sum=loss_sum.item(),
+                                  elapsed=elapsed + time.time() - t0, identity=identity(cfg)))
+
+    for step in range(start, cfg.total_steps):
+        if STOP:  # Ctrl-C, SIGTERM or SIGHUP came during the last step: save it all, then stop
+            save_checkpoint(step)
+            raise Stopped(f"stopped at step {step:,} of {cfg.total_steps:,}; " + (
+                "the same command resumes from there" if out else "nothing saved (no --out)"))
+        # one optimisation step
+        batch = batch_at(step)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        loss = F.cross_entropy(model(batch.ids, at=batch.pos["query"]), batch.answer)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        loss_sum += loss.detach()  # no .item() here: it would wait for a GPU every step
+        done = step + 1
+        if done % cfg.eval_every and done != cfg.total_steps:
+            continue
+        # every eval_every steps and at the end: evaluate, watch the mechanism, log, checkpoint
+        train_loss = loss_sum.item() / (done - (curve[-1]["step"] if curve else 0))
+        loss_sum.zero_()
+        uniform = math.log(task.vocab_size)  # the loss of a uniform guess
+        if not train_loss < 2 * uniform:  # NaN too
+            raise RunError(f"the training loss reached {train_loss:.4g} by step {done} (a "
+                           f"uniform guess: {uniform:.2f}); try a lower --lr than {cfg.lr:g}")
+        ev = evaluate(model, test)
+        point = dict(step=done, train_loss=round(train_loss, 5), test_loss=round(ev["loss"], 5),
+                     accuracy=ev["accuracy"], time_s=round(elapsed + time.time() - t0, 2))
+        if dev_docs is not None:
+            point["dev_accuracy"] = evaluate(model, dev_docs)["accuracy"]
+        if dynamics:  # the mechanism while it forms (section 6)
+            point["attrib"] = watch_mechanism(model, task, test, cfg)
+        curve.append(point)
+        log(progress(point, cfg.total_steps, (done - start) / (time.time() - t0)))
+        save_checkpoint(done)  # so a kill -9 loses at most eval_every steps
+    # finished: the metrics (the last evaluation's) and the model; the checkpoint goes last
+    run_time, final = time.time() - t0, curve[-1]
+    metrics = dict(accuracy=final["accuracy"], test_loss=final["test_loss"],
+                   steps=cfg.total_steps, **{k: final[k] for k in ("dev_accuracy",) if k in final},
+                   wall_time_s=round(elapsed + run_time, 2),
+                   steps_per_s=round((cfg.total_steps - start) / run_time, 2), n_params=n_params,
+                   threads=torch.get_num_threads(), device=torch.device(device).type,
+                   torch=torch.__version__, curve=curve)
+    if out is not None:
+        save(os.path.join(out, "model.pt"), model.state_dict())
+        save(os.path.join(out, "metrics.json"), metrics)
+        os.unlink(checkpoint)
+    return model, metrics
+
+
+def progress(point: dict, total: int, rate: float) -> str:
+    """A line per evaluation: loss, accuracy, the watched Attribs, the time left."""
+    dev = f" (dev {point['dev_accuracy']:.3f})" if "dev_accuracy" in point else ""
+    a = point.get("attrib")
+    attrib = "" if a is None else (f" | Key effect {a['effect']:.3f}, Attrib K/V/Q "
+                                   + "/".join(f"{a['main'][p]:.2f}" for p in ("key", "value",
+                                                                               "query")))
+    return (f"step {point['step']:>7,}/{total:,} | loss {point['train_loss']:.4f} | test acc "
+            f"{point['accuracy']:.3f}{dev}{attrib} | {rate:5.1f} steps/s | "
+            f"ETA {(total - point['step']) / rate / 60:5.1f} min")
 
 
 # 6. Interventions: the mechanistic evaluation ---------------------------------------------------
@@ -1321,369 +1571,29 @@ def make_task(cfg: Config):
 
 
 # Appendix: running it ---------------------------------------------------------------------------
-# Everything below only *runs* the lesson above: the run folder (a lock, resuming, checkpoints on
-# the clock, whole-file writes, damaged files), stop signals, the device and thread choice,
-# progress lines, and the command line. Its imports are its own.
+# The command line: flags -> Config, stop signals, the device, and what a run prints. A run's
+# promises (section 5's train and save): the same command gives the same numbers (for a given
+# thread count), resumes a stopped run exactly, and shows a finished one again.
 import argparse  # noqa: E402
-import contextlib  # noqa: E402
-import errno  # noqa: E402
-import fcntl  # noqa: E402
-import io  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import re  # noqa: E402
 import runpy  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
-import time  # noqa: E402
 from hashlib import sha1  # noqa: E402
 
-
-class Interrupted(RunError):
-    """A run stopped by Ctrl-C, SIGTERM or SIGHUP, resumable: exit code 130."""
-    code = 130
+RUN_FILES = ("config.json", "checkpoint.pt", "model.pt", "metrics.json")  # what --force deletes
 
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-@contextlib.contextmanager
-def on_stop_signals(handler):
-    """Ctrl-C, SIGTERM (a scheduler) and SIGHUP (a closed terminal) call handler(signum) instead
-    of ending the process, until the with-block ends. A SIGHUP ignored already stays ignored (a run
-    under nohup outlives its terminal); outside the main thread no handler can be set."""
-    old = {}
-    if threading.current_thread() is threading.main_thread():
-        for s in STOP_SIGNALS:
-            if s != signal.SIGHUP or signal.getsignal(s) is not signal.SIG_IGN:
-                old[s] = signal.signal(s, lambda signum, frame: handler(signum))
-    try:
-        yield
-    finally:
-        for s, previous in old.items():
-            signal.signal(s, previous)
-
-
-def stop_now(signum: int):
-    """The command line's handler outside the training loop, where nothing is left unsaved."""
-    raise Interrupted(f"stopped by {signal.Signals(signum).name}; what was done is saved: the same "
-                      "command goes on from there")
-
-
-def atomic_write(path: str, data) -> None:
-    """Write data (bytes or str) to a temporary file, then rename it: no reader sees half a file.
-    A failed write leaves no temporary file behind, and the old file, if any, as it was."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-        os.replace(tmp, path)
-    except BaseException as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise RunError(f"no space left on the device to write {path}; the last checkpoint is "
-                           "kept: free some space and run the same command again") from None
-        raise
-
-
-def write_json(path: str, obj) -> None:
-    atomic_write(path, json.dumps(obj, indent=1))
-
-
-def torch_bytes(obj) -> bytes:  # torch.save to memory: a full disk then fails in atomic_write
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    return buffer.getvalue()
-
-
-def damaged(path: str, what: str = "corrupt or truncated") -> RunError:
-    return RunError(f"{path} is {what}; --force starts the run over")
-
-
-def read_json(path: str, needs: tuple = ()) -> dict:
-    """A run's JSON file, a dict with the keys `needs`, or a RunError naming it."""
-    try:
-        with open(path) as f:
-            obj = json.load(f)
-    except (ValueError, UnicodeDecodeError):
-        raise damaged(path) from None
-    if not isinstance(obj, dict) or any(k not in obj for k in needs):
-        raise damaged(path, f"no {os.path.basename(path)} of this mech.py (it lacks "
-                            f"{', '.join(needs)})")
-    return obj
-
-
-def read_torch(path: str, device) -> dict:
-    """A run's torch file (weights, a checkpoint) as a dict, or a RunError naming it."""
-    try:
-        obj = torch.load(path, map_location=device)
-    except MemoryError:
-        raise
-    except Exception:  # torch names many ways a file can be cut short (EOFError, OSError, ...)
-        raise damaged(path) from None
-    if not isinstance(obj, dict):
-        raise damaged(path, "no weights or checkpoint of this mech.py")
-    return obj
-
-
-def load_weights(module: nn.Module, state: dict, path: str) -> None:
-    try:
-        module.load_state_dict(state)
-    except (RuntimeError, ValueError, KeyError, TypeError) as e:  # another model's weights
-        first = str(e).strip().splitlines()[0]
-        raise damaged(path, f"not this run's model ({first})") from None
-
-
-def identity(cfg: Config) -> dict:
-    """What makes two runs the same run: every field, the length in steps (not the preset), and
-    the content of the --mixer-file that registered its arch, if one did."""
-    code = {"mixer_code": MIXER_CODE[cfg.arch]} if cfg.arch in MIXER_CODE else {}
-    return {**dataclasses.asdict(cfg), "preset": None, "epochs": None, "steps": cfg.total_steps,
-            **code}
-
-
-def stored_identity(out: str) -> dict:
-    """identity() of the run in `out`, with the mixer code it was trained with."""
-    theirs = identity(stored_config(out))
-    theirs.pop("mixer_code", None)
-    code = read_json(os.path.join(out, "config.json")).get("mixer_code")
-    return theirs | ({"mixer_code": code} if code else {})
-
-
-def stored_config(out: str) -> Config:
-    fields = read_json(os.path.join(out, "config.json"))
-    fields.pop("mixer_code", None)
-    try:
-        return Config(**fields)
-    except (TypeError, ValueError) as e:
-        raise damaged(os.path.join(out, "config.json"),
-                      f"no configuration of this mech.py ({e})") from None
-
-
-def finished_metrics(out: str, cfg: Config) -> dict | None:
-    """metrics.json of this very run in `out`, if it finished there; None if not (yet)."""
-    path = os.path.join(out, "metrics.json")
-    if not os.path.exists(path) or stored_identity(out) != identity(cfg):
-        return None
-    return read_json(path, needs=("accuracy", "steps", "curve"))
-
-
-RUN_FILES = ("config.json", "checkpoint.pt", "metrics.json", "model.pt", "mechanism.png",
-             "dynamics.png")
-
-
-def claim(out: str, cfg: Config, force: bool = False):
-    """Make `out` this run's folder and hold it with an OS lock (which a killed process does not
-    leave behind) while the returned file is open. Refused while another process holds it, or when
-    it holds another configuration's run, unless `force` clears it; config.json is written once."""
-    os.makedirs(out, exist_ok=True)
-    lock = open(os.path.join(out, ".lock"), "w")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if force:
-            for name in RUN_FILES:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(out, name))
-        path, mine = os.path.join(out, "config.json"), identity(cfg)
-        if not os.path.exists(path):
-            code = {k: mine[k] for k in mine if k == "mixer_code"}
-            write_json(path, dataclasses.asdict(cfg) | code)
-        theirs = stored_identity(out)
-        if theirs != mine:
-            diff = ", ".join(f"{k} {theirs.get(k)} (asked: {mine.get(k)})"
-                             for k in {**theirs, **mine} if theirs.get(k) != mine.get(k))
-            raise RunError(f"{out} holds another run ({diff}); choose another --out, or --force "
-                           "to start it over")
-    except BlockingIOError:
-        lock.close()
-        raise RunError(f"{out} is in use by another process; wait for it or choose another "
-                       "--out") from None
-    except BaseException:
-        lock.close()  # released now, not when the garbage collector finds it
-        raise
-    return lock
-
-
-class RunFolder:
-    """The state a training run has reached, and the folder `out` it lives in (None: in memory
-    only). The folder holds config.json (written once), checkpoint.pt (each minute of training,
-    and on a stop), and at the end model.pt and metrics.json, whose presence means "finished";
-    the analysis adds mechanism.png and dynamics.png. Each file is written whole (atomic_write).
-    While it trains, the run holds the folder's lock, and a stop signal ends it at the next step
-    with a checkpoint (Interrupted): the same train() call then resumes it exactly."""
-
-    def __init__(self, out: str | None, cfg: Config, force: bool = False,
-                 checkpoint_every_s: float = 60.0, log=print):
-        self.out, self.cfg, self.force, self.log = out, cfg, force, log
-        self.checkpoint_every_s = checkpoint_every_s
-        self.step = 0  # optimizer steps done
-        self.since = 0  # the step of the last evaluation: the loss is summed since
-        self.curve = []  # the evaluations
-        self.elapsed = 0.0  # seconds of training before this process resumed it
-        self.finished, self.metrics = False, None
-        self.stops = []  # the stop signals received
-
-    def __enter__(self):
-        self.exits = contextlib.ExitStack()
-        if self.out is not None:
-            self.exits.enter_context(claim(self.out, self.cfg, self.force))
-        self.exits.enter_context(on_stop_signals(self.stops.append))
-        return self
-
-    def __exit__(self, *exc):
-        self.exits.close()
-
-    def path(self, name: str) -> str:
-        return os.path.join(self.out, name)
-
-    def resume(self, model: LanguageModel, optimizer: torch.optim.Optimizer):
-        """Load the run as far as it went: a finished run's model (and its metrics), or the last
-        checkpoint's model, optimizer, step, curve and loss sum; then start the clock."""
-        self.model, self.optimizer = model, optimizer
-        device = next(model.parameters()).device
-        self.loss_sum = torch.zeros((), device=device)
-        self.metrics = None if self.out is None else finished_metrics(self.out, self.cfg)
-        if self.metrics is not None:
-            load_weights(model, read_torch(self.path("model.pt"), device), self.path("model.pt"))
-            self.finished = True
-            self.log(f"{self.out} already holds this run: test accuracy "
-                     f"{self.metrics['accuracy']:.3f}")
-            return
-        if self.out is not None and os.path.exists(self.path("checkpoint.pt")):
-            self.load_checkpoint(read_torch(self.path("checkpoint.pt"), device))
-            self.log(f"resuming {self.out} at step {self.step}")
-        self.n_params = sum(p.numel() for p in model.parameters())
-        cfg = self.cfg
-        self.log(f"{cfg.arch} on {cfg.task}: d={cfg.d_model}, {cfg.n_layer} layers, "
-                 f"{self.n_params:,} parameters, {cfg.total_steps:,} steps, lr {cfg.lr:g}, "
-                 f"{device.type}, {torch.get_num_threads()} thread(s)")
-        self.start_step = self.step
-        self.t_start = self.last_save = time.time()
-
-    def load_checkpoint(self, state: dict):
-        path = self.path("checkpoint.pt")
-        keys = ("model", "optimizer", "step", "curve", "since", "loss_sum", "elapsed", "identity")
-        if any(k not in state for k in keys):
-            raise damaged(path, "no checkpoint of this mech.py")
-        if state["identity"] != identity(self.cfg):
-            raise damaged(path, "made by another configuration")
-        load_weights(self.model, state["model"], path)
-        load_weights(self.optimizer, state["optimizer"], path)
-        self.step, self.since = state["step"], state["since"]
-        self.curve, self.elapsed = state["curve"], state["elapsed"]
-        self.loss_sum.fill_(state["loss_sum"])
-
-    def save_checkpoint(self):
-        if self.out is not None:
-            atomic_write(self.path("checkpoint.pt"), torch_bytes(dict(
-                step=self.step, curve=self.curve, since=self.since, loss_sum=self.loss_sum.item(),
-                elapsed=self.elapsed + time.time() - self.t_start, identity=identity(self.cfg),
-                model=self.model.state_dict(), optimizer=self.optimizer.state_dict())))
-        self.last_save = time.time()
-
-    def pause_point(self):
-        """Between two steps (every evaluation before it logged): save a checkpoint if a minute
-        has passed since the last; after a stop signal, save one and stop."""
-        if self.stops:
-            self.save_checkpoint()
-            total, saved = self.cfg.total_steps, "the same command resumes from there"
-            raise Interrupted(f"stopped at step {self.step:,} of {total:,}; "
-                              + (saved if self.out else "nothing saved (no --out)"))
-        if time.time() - self.last_save >= self.checkpoint_every_s:
-            self.save_checkpoint()
-
-    def step_done(self, loss: torch.Tensor):
-        self.step += 1
-        self.loss_sum += loss.detach()  # no .item() here: it would wait for a GPU every step
-
-    def mean_loss(self) -> float:
-        """The mean training loss since the last evaluation; the sum then starts over."""
-        mean = self.loss_sum.item() / (self.step - self.since)
-        self.loss_sum.zero_()
-        self.since = self.step
-        return mean
-
-    def clock(self) -> float:
-        """Seconds of training so far, over every resumed part of the run."""
-        return round(self.elapsed + time.time() - self.t_start, 2)
-
-    def log_point(self, point: dict):
-        self.curve.append(point)
-        rate = (self.step - self.start_step) / (time.time() - self.t_start)
-        self.log(progress_line(point, self.cfg.total_steps, rate,
-                               PAPER_FILTER.get(self.cfg.task, 0.0)))
-
-    def finish(self, model: LanguageModel) -> dict:
-        """The metrics (the last evaluation's), saved with the model; the checkpoint goes last.
-        A stop that came during the last steps is obeyed now, with everything saved."""
-        run_time, total = time.time() - self.t_start, self.cfg.total_steps
-        final = self.curve[-1]
-        metrics = dict(accuracy=final["accuracy"], test_loss=final["test_loss"], steps=total,
-                       **{k: final[k] for k in ("dev_accuracy",) if k in final},
-                       wall_time_s=round(self.elapsed + run_time, 2),
-                       steps_per_s=round((total - self.start_step) / run_time, 2),
-                       n_params=self.n_params, threads=torch.get_num_threads(),
-                       device=next(model.parameters()).device.type, torch=torch.__version__,
-                       curve=self.curve)
-        if self.out is not None:
-            atomic_write(self.path("model.pt"), torch_bytes(model.state_dict()))
-            write_json(self.path("metrics.json"), metrics)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path("checkpoint.pt"))  # no longer needed
-        if self.stops:
-            saved = f"{self.out} holds the finished run: the same command goes on from there"
-            raise Interrupted("stopped at the end of training; "
-                              + (saved if self.out else "nothing saved (no --out)"))
-        return metrics
-
-
-def choose_device(device: str, cfg: Config | None = None) -> torch.device:
-    """auto, cpu, cuda or cuda:N as a torch.device; for cfg's Mamba, its scan compiled now."""
-    name = device
-    if device == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    kind, _, index = name.partition(":")
-    if kind not in ("cpu", "cuda") or (index and not index.isdigit()) or (kind == "cpu" and index):
-        raise ValueError(f"unknown device {device!r}; choose from auto, cpu, cuda, cuda:N")
-    if kind == "cuda" and int(index or 0) >= torch.cuda.device_count():
-        raise ValueError(f"--device {device}: this torch sees {torch.cuda.device_count()} CUDA "
-                         "device(s); use --device cpu or auto")
-    dev = torch.device(name)
-    if cfg is not None and cfg.arch == "mamba" and cfg.scan != "ref":
-        scan_ext.kernel(dev, required=cfg.scan == "ext")  # compile the scan now, off the clock
-    return dev
-
-
-def idle_cores(seconds: float = 0.25) -> int:
-    """The cores other processes leave idle (/proc/stat): a torch thread on a busy core crawls."""
-    def idle_total():  # (idle + iowait, all) CPU ticks since boot
-        with open("/proc/stat") as f:
-            ticks = [int(x) for x in f.readline().split()[1:]]
-        return ticks[3] + ticks[4], sum(ticks)
-
-    try:
-        idle0, total0 = idle_total()
-        time.sleep(seconds)
-        idle1, total1 = idle_total()
-    except (OSError, IndexError, ValueError):  # not Linux: trust torch's default
-        return os.cpu_count() or 1
-    return max(1, round((idle1 - idle0) / max(1, total1 - total0) * (os.cpu_count() or 1)))
-
-
-def choose_threads(asked: int | None) -> int:
-    """--threads, at most one per core (more only slow the run down); by default the idle cores."""
-    cores = os.cpu_count() or 1
-    if asked is None:
-        return min(torch.get_num_threads(), idle_cores())
-    if asked < 1:
-        raise ValueError(f"--threads must be >= 1, got {asked}")
-    if asked > cores:
-        print(f"mech.py: note: --threads {asked} is more than this machine's {cores} cores; "
-              f"using {cores}", file=sys.stderr)
-        return cores
-    return asked
+def on_stop_signal(signum, frame):
+    """Ctrl-C, SIGTERM (a scheduler) and SIGHUP (a closed terminal). Inside train() the stop waits
+    for the end of the step (train reads STOP, saves a checkpoint, raises Stopped); anywhere else it
+    stops at once, where every file is whole (save) and the same command redoes what is left."""
+    STOP.append(signum)
+    while frame is not None and frame.f_code is not train.__code__:
+        frame = frame.f_back
+    if frame is None:
+        raise Stopped(f"stopped by {signal.Signals(signum).name}; the same command goes on from "
+                      "where it was")
 
 
 def say(message: str) -> None:
@@ -1694,246 +1604,105 @@ def say(message: str) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def progress_line(point: dict, total: int, rate: float, min_effect: float = 0.0) -> str:
-    dev_acc = f" (dev {point['dev_accuracy']:.3f})" if "dev_accuracy" in point else ""
-    a = point.get("attrib")
-    watched_ = ""
-    if a is not None and a["effect"] >= min_effect:
-        watched_ = " | Attrib K/V/Q " + "/".join(f"{a['main'][p]:.2f}"
-                                                 for p in ("key", "value", "query"))
-    elif a is not None:
-        watched_ = f" | Attrib K/V/Q - (Key effect {a['effect']:.3f})"
-    return (f"step {point['step']:>7,}/{total:,} | loss {point['train_loss']:.4f} | test acc "
-            f"{point['accuracy']:.3f}{dev_acc}{watched_} | {rate:5.1f} steps/s | "
-            f"ETA {(total - point['step']) / rate / 60:5.1f} min")
+def choose_device(device: str, cfg: Config) -> str:
+    """auto, cpu, cuda or cuda:N; for Mamba, its scan compiled now, before the clock starts."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    kind, _, index = device.partition(":")
+    if kind not in ("cpu", "cuda") or index and (kind == "cpu" or not index.isdigit()):
+        raise ValueError(f"unknown device {device!r}; choose from auto, cpu, cuda, cuda:N")
+    if kind == "cuda" and int(index or 0) >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: this torch sees {torch.cuda.device_count()} CUDA "
+                         "device(s); use --device cpu or auto")
+    if cfg.arch == "mamba" and cfg.scan != "ref":
+        scan_ext.kernel(torch.device(device), required=cfg.scan == "ext")
+    return device
 
 
-def load_run(path: str, device: str = "cpu"):
-    """A finished run: model, cfg = load_run('runs/...')."""
-    cfg = stored_config(path)
-    model = build_model(cfg, make_task(cfg).vocab_size)
-    weights = os.path.join(path, "model.pt")
-    load_weights(model, read_torch(weights, device), weights)
-    return model.to(device).eval(), cfg
+def flag_of(f: dataclasses.Field) -> str:
+    return f.metadata["flag"] or "--" + f.name.replace("_", "-")
 
 
-def analyse_run(out: str, model: LanguageModel, cfg: Config, log=print) -> dict:
-    """Analyse a finished run (section 6) and add it to its folder: metrics.json (written first),
-    mechanism.png and dynamics.png; then print the table."""
-    from figures import plots  # the drawing; what the figures show is computed here
-    with claim(out, cfg):
-        log(f"interventions: patching every site, layer and position of {cfg.n_eval} test "
-            "documents, Key and then Value corrupted (on 2 CPU cores: seconds to a few minutes)")
-        t = time.time()
-        analysis = analyse(model, cfg)
-        metrics = read_json(os.path.join(out, "metrics.json"), needs=("accuracy", "curve"))
-        metrics["interventions"] = analysis
-        if cfg.held_out:  # §5.3 reads the dev documents too
-            metrics["interventions_dev"] = analyse(model, cfg, "dev")
-        write_json(os.path.join(out, "metrics.json"), metrics)
-        title = (f"{cfg.arch} on {cfg.task}, d={cfg.d_model}, "
-                 f"test accuracy {metrics['accuracy']:.3f}")
-        learned = key_effect(analysis["rows"]) >= VERDICT_MIN_EFFECT
-        name = dominant(analysis["main"]) if learned else None  # the verdict's position, if any
-        site = "%s[%d]" % main_site(cfg.n_layer)
-        for file, png in plots.run_figures(analysis["rows"], metrics["curve"], name, site,
-                                           PAPER_FILTER[cfg.task], POSITIONS, title):
-            atomic_write(os.path.join(out, file), png)
-    log(mechanism_report(analysis["rows"], cfg.n_layer))
-    log(f"(the interventions took {time.time() - t:.0f} s; saved in {out}/metrics.json)")
-    return metrics
-
-
-def check_config(cfg: Config):
-    """Refuse a bad value with a ValueError of one line that names it and what is allowed."""
-    for f in dataclasses.fields(cfg):
-        value = typed(f, getattr(cfg, f.name))
-        setattr(cfg, f.name, value)
-        if f.metadata["choices"] and value not in f.metadata["choices"]:
-            raise ValueError(f"unknown {f.name} {value!r}; choose from "
-                             f"{', '.join(f.metadata['choices'])}")
-    if cfg.arch not in MIXERS:
-        raise ValueError(f"unknown arch {cfg.arch!r}; choose from {', '.join(MIXERS)}")
-    problem = next(problems(cfg), None)
-    if problem:
-        raise ValueError(problem)
-
-
-def problems(cfg: Config):
-    """The ranges, and the combinations that cannot be trained, in words."""
-    d, p, kv = cfg.d_model, cfg.n_pairs, cfg.num_kv
-    for name in ("d_model", "n_layer", "n_head", "batch_size", "n_eval", "eval_every",
-                 "steps", "epochs", "n_train", "bucket"):
-        low = 0 if name == "bucket" else 1
-        if getattr(cfg, name) is not None and getattr(cfg, name) < low:
-            yield f"{name} must be >= {low}, got {getattr(cfg, name)}"
-    for name in ("seed", "grammar_seed"):  # numpy's legacy grammar RNG takes 32 bits
-        if not 0 <= getattr(cfg, name) < 2 ** 32:
-            yield f"{name} must be in [0, 2**32), got {getattr(cfg, name)}"
-    if d % cfg.n_head:
-        yield f"d_model {d} is not divisible by n_head {cfg.n_head}"
-    if cfg.n_head != 1 and cfg.arch not in ("attention", "delta_net"):
-        yield f"n_head {cfg.n_head}: only attention and delta_net have heads (use 1)"
-    if cfg.arch == "h3" and d % 2:
-        yield f"d_model {d}: h3 needs an even width (head_dim 2)"
-    if cfg.d_conv is not None and cfg.arch not in (*DEFAULT_DCONV, "base_conv"):
-        yield (f"--dconv {cfg.d_conv} does not apply to {cfg.arch}; it applies to "
-               f"{', '.join(DEFAULT_DCONV)}, base_conv")
-    if cfg.d_conv is not None and cfg.d_conv < (cfg.arch in ("based", "base_conv")):
-        yield f"d_conv must be >= 0 (>= 1 for based and base_conv), got {cfg.d_conv}"
-    if cfg.long_conv and cfg.arch not in ("based", "base_conv"):
-        yield f"--long-conv applies to based and base_conv, not {cfg.arch}"
-    if not 0 <= cfg.held_out < 1:
-        yield f"held_out must be in [0, 1), got {cfg.held_out}"
-    if cfg.held_out and cfg.task != "atr":
-        yield f"--held-out {cfg.held_out} applies to --task atr only"
-    if kv < 4 or kv % 2:  # the Key corruption (section 6) needs a second key to swap in
-        yield f"num_kv must be an even number >= 4 (two keys at least), got {kv}"
-    if not 1 <= p <= kv // 2:
-        yield f"n_pairs {p} must be in [1, num_kv/2 = {kv // 2} keys]"
-    if 2 * p + 5 > L_MAX:
-        yield f"n_pairs {p} makes documents longer than {L_MAX} tokens"
-    if cfg.n_train < cfg.batch_size and not cfg.fresh_data:
-        yield f"n_train {cfg.n_train} is smaller than one batch ({cfg.batch_size})"
-    if cfg.n_train >= 1 and cfg.total_steps < 1:
-        yield (f"{cfg.epochs} epoch(s) of {cfg.n_train} documents in batches of "
-               f"{cfg.batch_size} make no step; give more --epochs or --steps")
-    if not 0 < cfg.lr < math.inf:
-        yield f"lr must be a finite number > 0, got {cfg.lr}"
-    if not 0 <= cfg.warmup_frac < 1:
-        yield f"warmup_frac must be in [0, 1), got {cfg.warmup_frac}"
-    if cfg.schedule == "wsd" and not 0 < cfg.decay_frac <= 1 - cfg.warmup_frac + 1e-9:
-        yield (f"decay_frac must be in (0, 1 - warmup_frac = {1 - cfg.warmup_frac:g}], "
-               f"got {cfg.decay_frac}")  # 1e-9: 0.2 is 1 - 0.8 in decimals, not in floats
-    if cfg.weight_decay < 0:
-        yield f"weight_decay must be >= 0, got {cfg.weight_decay}"
-
-
-def typed(field: dataclasses.Field, value):
-    """value as its field's type (an int for a float field becomes a float: 1 and 1.0 are one
-    run), or a ValueError: an int field takes no 2.5 and no True."""
-    kinds = getattr(field.type, "__args__", (field.type,))  # `int | None`: (int, NoneType)
-    kind = kinds[0]
-    if value is None:
-        ok = type(None) in kinds
-    elif kind is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    elif kind is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, kind)
-    if not ok:
-        raise ValueError(f"{field.name} must be {kind.__name__}, got {value!r}")
-    if kind is float and value is not None:
-        return float(value)
-    return value
-
-
-# The command line -------------------------------------------------------------------------------
 class Parser(argparse.ArgumentParser):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        # --lr -1e-3 is a (bad) value, not a flag: argparse knows -1 and -.5 only
-        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
-
     def error(self, message):  # one line, exit code 2 (argparse would print the whole usage first)
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-EXAMPLES = """examples:
-  python mech.py --arch mamba --task ar --dconv 4      # Mamba on AR with its short conv
-  python mech.py --arch attention --task atr --atr easy --seed 43
-  python mech.py --preset class --arch attention       # a finding in a minute (README)
-  python mech.py --load runs/<run folder>              # print a saved run's analysis again
-Sweeps of many runs (the paper's figures, 3 seeds, a cluster):
-  python figures/experiments.py --help"""
-
-
 def build_parser() -> Parser:
-    p = Parser(prog="mech.py", description="Train one model of the paper on its task, save the "
-               "run and show how it solved the task.\nEvery field of mech.Config is a flag.",
-               epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(
+        prog="mech.py", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train one model of the paper on its task, save the run in --out and show how "
+        "it solved the task.\nEvery field of mech.Config is a flag. A run is deterministic for a "
+        "given seed and\nthread count. Stopped (Ctrl-C, SIGTERM, SIGHUP), the same command "
+        "resumes it exactly;\nkilled, it loses at most --eval-every steps (a checkpoint each "
+        "evaluation). Finished,\nthe same command prints its result and its table again.",
+        epilog="examples:\n  python mech.py --arch mamba --task ar --dconv 4\n  python mech.py "
+        "--arch attention --task atr --atr easy --seed 43\n  python mech.py --preset class --arch "
+        "attention     # a finding in a minute\nSweeps, figures, a run's pictures: figures/README.md")
     for f in dataclasses.fields(Config):
         kind = getattr(f.type, "__args__", (f.type,))[0]
         extra = dict(action=argparse.BooleanOptionalAction) if kind is bool else dict(type=kind)
-        if f.default is None:
+        default = f.default
+        if default is None:
             default = "from --arch" if f.name in ("pos_emb", "d_conv") else "from --preset"
-        else:
-            default = f.default
-        choices = f.metadata["choices"] or (tuple(MIXERS) if f.name == "arch" else None)
-        one_of = f"; one of {', '.join(choices)}" if choices else ""
-        p.add_argument(*dict.fromkeys((flag_of(f.name), "--" + f.name.replace("_", "-"))),
+        allowed = f.metadata["choices"] or (tuple(MIXERS) if f.name == "arch" else None)
+        allowed = f"; one of {', '.join(allowed)}" if allowed else ""
+        if f.metadata["low"] is not None:
+            allowed = f"; {f.metadata['low']:,} .. {f.metadata['high']:,}"
+        p.add_argument(*dict.fromkeys((flag_of(f), "--" + f.name.replace("_", "-"))),
                        dest=f.name, default=argparse.SUPPRESS, **extra,
-                       help=f"{f.metadata['help']}{one_of} (default: {default})")
+                       help=f"{f.metadata['help']}{allowed} (default: {default})")
     p.add_argument("--out", help="run folder (default: runs/<task>_<arch>_..._<config hash>)")
     p.add_argument("--device", default="auto", help="auto (cuda if there is one), cpu, cuda or "
                    "cuda:N (default: auto)")
-    p.add_argument("--threads", type=int, help="CPU threads for torch, at most the cores "
-                   "(default: the cores other processes leave idle)")
-    p.add_argument("--force", action="store_true", help="start the run in --out over")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
-    p.add_argument("--interventions", default=True, help="after training, run the mechanistic "
-                   "evaluation (interchange interventions; default: on)",
-                   action=argparse.BooleanOptionalAction)
-    p.add_argument("--dynamics", default=True, help="at each evaluation, a light interchange "
-                   "analysis: the mechanism while it forms (default: on)",
-                   action=argparse.BooleanOptionalAction)
-    p.add_argument("--load", metavar="RUN_DIR", help="analyse a finished run again instead of "
-                   "training one")
+    p.add_argument("--threads", type=int, help="CPU threads: each count sums in its own order, so "
+                   "the same count gives the same numbers (default: torch's)")
+    p.add_argument("--force", action="store_true", help="start the run in --out over (deletes "
+                   f"{', '.join(RUN_FILES)} there)")
+    p.add_argument("--interventions", default=True, action=argparse.BooleanOptionalAction,
+                   help="after training, the mechanistic evaluation (default: on)")
+    p.add_argument("--dynamics", default=True, action=argparse.BooleanOptionalAction,
+                   help="at each evaluation, the mechanism while it forms (default: on)")
     p.add_argument("--mixer-file", metavar="FILE", action="append", help="a Python file to run "
                    "first, one that registers a mixer of your own (mech.register_mixer)")
     return p
 
 
-def register_mixer(name: str, factory, d_conv: int | None = None) -> None:
-    """Add an architecture to MIXERS: factory(cfg, layer) -> a module (b, l, d) -> (b, l, d) that
-    is causal. d_conv: the default width of its short conv, which --dconv then sets (cfg.d_conv).
-    Tried on a small input first: a taken name, another output shape, an output that depends on
-    later positions or a site named like a block's (SITES) is refused in one line (ValueError)."""
-    if name in MIXERS:
-        raise ValueError(f"mixer {name!r} is taken ({', '.join(MIXERS)}); choose another name")
-    x = torch.randn(2, 7, 16)
-    mixer = factory(Config(d_model=16), 0)
-    clash = set(getattr(mixer, "sites", {})) & set(SITES)
-    if clash:
-        raise ValueError(f"mixer {name!r} names a site {', '.join(clash)}, which is a block's; "
-                         "choose another name")
-    y = mixer(x)
-    if not isinstance(y, torch.Tensor) or y.shape != x.shape:
-        shape = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
-        raise ValueError(f"mixer {name!r} maps (2, 7, 16) to {shape}; a mixer keeps (b, l, d)")
-    if not torch.allclose(mixer(torch.cat([x[:, :6], -x[:, 6:]], 1))[:, :6], y[:, :6]):
-        raise ValueError(f"mixer {name!r} is not causal: position 5's output changes with 6's "
-                         "input")
-    MIXERS[name] = factory
-    if d_conv is not None:
-        DEFAULT_DCONV[name] = d_conv
-
-
 def run_mixer_files(paths) -> None:
-    """--mixer-file: run each Python file once (it registers its mixers with register_mixer)."""
+    """--mixer-file: run each file once; the mixers it registers get its content's hash."""
     for path in paths or ():
-        if os.path.abspath(path) in MIXER_FILES:
-            continue
-        MIXER_FILES.add(os.path.abspath(path))
         before = set(MIXERS)
         try:
-            runpy.run_path(path)
+            with open(path, "rb") as f:
+                code = sha1(f.read()).hexdigest()
+            if code not in MIXER_CODE.values():
+                runpy.run_path(path)
         except Exception as e:  # its own error, in one line
             raise ValueError(f"--mixer-file {path}: {type(e).__name__}: {e}") from None
-        with open(path, "rb") as f:
-            code = sha1(f.read()).hexdigest()
         MIXER_CODE.update(dict.fromkeys(set(MIXERS) - before, code))
 
 
-MIXER_FILES = set()  # the files run_mixer_files has run
-MIXER_CODE = {}  # arch -> sha1 of the --mixer-file that registered it: an edited mixer, a new run
+# Flags that apply only where another field has a value: flag -> (field, value)
+APPLIES = dict(num_kv=("task", "ar"), n_pairs=("task", "ar"), atr=("task", "atr"),
+               atr_query=("task", "atr"), held_out=("task", "atr"), grammar_seed=("task", "atr"),
+               scan=("arch", "mamba"), hyena_d_skip=("arch", "hyena"),
+               decay_frac=("schedule", "wsd"), d_conv=("long_conv", False),
+               bucket=("fresh_data", False))
 
 
-def flag_of(name: str) -> str:
-    """A Config field's flag: --d-model for d_model, --dconv for d_conv."""
-    field = next(f for f in dataclasses.fields(Config) if f.name == name)
-    return field.metadata["flag"] or "--" + name.replace("_", "-")
+def config_from_args(args: argparse.Namespace) -> Config:
+    """The Config of the flags given, refusing flags that contradict or do not apply here."""
+    run_mixer_files(args.mixer_file)
+    given = {f.name: vars(args)[f.name] for f in dataclasses.fields(Config) if f.name in vars(args)}
+    if "steps" in given and "epochs" in given:
+        raise ValueError(f"give --steps ({args.steps}) or --epochs ({args.epochs}), not both")
+    cfg = Config(**given)
+    fields = {f.name: f for f in dataclasses.fields(Config)}
+    for name, (where, value) in APPLIES.items():
+        if name in given and getattr(cfg, where) != value:
+            raise ValueError(f"{flag_of(fields[name])} applies where {where} is {value}, not "
+                             f"{getattr(cfg, where)}")
+    return cfg
 
 
 def default_out(cfg: Config) -> str:
@@ -1947,111 +1716,68 @@ def default_out(cfg: Config) -> str:
                                 f"_s{cfg.seed}_{digest}")
 
 
-def config_from_args(args: argparse.Namespace) -> Config:
-    """The Config of the flags given, refusing flags that contradict or do not apply here."""
-    run_mixer_files(getattr(args, "mixer_file", None))
-    given = {f.name: vars(args)[f.name] for f in dataclasses.fields(Config) if f.name in vars(args)}
-    if "steps" in given and "epochs" in given:
-        raise ValueError(f"give --steps ({args.steps}) or --epochs ({args.epochs}), not both")
-    cfg = Config(**given)
-    applies = dict(num_kv=("task", "ar"), n_pairs=("task", "ar"), atr=("task", "atr"),  # flag ->
-                   atr_query=("task", "atr"), held_out=("task", "atr"),  # where it applies
-                   grammar_seed=("task", "atr"), scan=("arch", "mamba"),
-                   hyena_d_skip=("arch", "hyena"), decay_frac=("schedule", "wsd"),
-                   d_conv=("long_conv", False))
-    for name, (where, value) in applies.items():
-        if name in given and getattr(cfg, where) != value:
-            flag = flag_of(where)
-            here = f"{flag} {value}" if not isinstance(value, bool) else f"--no-{flag[2:]}"
-            there = f"{flag} {getattr(cfg, where)}" if not isinstance(value, bool) else flag
-            raise ValueError(f"{flag_of(name)} applies to {here} only, not to {there}")
-    unused = [flag_of(name) for name in unused_with_fresh_data(cfg, given)]
-    if unused and "fresh_data" in given:
-        verb = "does" if len(unused) == 1 else "do"
-        raise ValueError(f"{' and '.join(unused)} {verb} not apply with --fresh-data: every step "
-                         "draws new documents")
-    return cfg
-
-
-def unused_with_fresh_data(cfg: Config, given: dict) -> list:
-    """The flags given that a run on fresh data has no use for (the training set's)."""
-    if not cfg.fresh_data:
-        return []
-    return [name for name in ("bucket", "n_train") if name in given
-            and (name == "bucket" or cfg.epochs is None)]  # epochs count n_train's documents
-
-
-def main(argv=None):
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        cfg = None if args.load else config_from_args(args)
-        given = {name: value for name, value in vars(args).items() if hasattr(cfg, name)}
-        for name in unused_with_fresh_data(cfg, given) if cfg else ():  # from the preset
-            print(f"mech.py: note: {flag_of(name)} is not used: this run trains on "
-                  "fresh documents every step (--preset's choice; --no-fresh-data to change it)",
-                  file=sys.stderr)
-        torch.set_num_threads(choose_threads(args.threads))
-        choose_device(args.device)
-    except ValueError as e:
-        parser.error(str(e))
-    try:
-        with on_stop_signals(stop_now):
-            if args.load:
-                return load_and_analyse(args, parser)
-            return run(cfg, args)
-    except RunError as e:
-        parser.exit(e.code, f"{parser.prog}: {e}\n")
-    except (OSError, MemoryError, RuntimeError) as e:  # a folder not to be written, no memory
-        if isinstance(e, RuntimeError) and not any(m in str(e) for m in ("alloc", "scan backend")):
-            raise
-        parser.exit(1, f"{parser.prog}: error: {str(e).strip().splitlines()[-1]}\n")
-
-
-def load_and_analyse(args, parser) -> dict:
-    """--load RUN_DIR: analyse a saved run as it was trained."""
-    run_mixer_files(args.mixer_file)
-    given = [k for k in vars(args) if k in {f.name for f in dataclasses.fields(Config)}]
-    if given or args.out or args.force or not args.interventions:
-        parser.error(f"--load analyses a saved run as it was trained: it takes no "
-                     f"{', '.join(given) or '--out, --force or --no-interventions'}")
-    missing = [f for f in ("config.json", "model.pt", "metrics.json")
-               if not os.path.exists(os.path.join(args.load, f))]
-    if missing:
-        parser.error(f"--load {args.load}: no finished run there ({', '.join(missing)} missing)")
-    model, cfg = load_run(args.load)
-    accuracy = read_json(os.path.join(args.load, "metrics.json"), needs=("accuracy",))["accuracy"]
-    say(f"loaded {args.load}: {cfg.arch} on {cfg.task}, d={cfg.d_model}, test accuracy "
-        f"{accuracy:.3f}")
-    return analyse_run(args.load, model, cfg, say)
+def start_over(out: str) -> None:
+    """--force: delete the files a run writes, only in a folder whose config.json is a run's (one
+    that is not is refused in one line)."""
+    if stored_identity(out) is None:
+        return
+    for name in RUN_FILES[::-1]:  # config.json last: a stop half way still leaves a run's folder
+        if os.path.exists(os.path.join(out, name)):
+            os.unlink(os.path.join(out, name))
 
 
 def run(cfg: Config, args) -> dict:
-    """Train the run of `cfg` in its folder (or resume it, or report it if finished), analyse it."""
+    """Train the run of `cfg` (or resume it, or show it if finished), then analyse it."""
     out = args.out or default_out(cfg)
-    metrics = None if args.force or not os.path.isdir(out) else finished_metrics(out, cfg)
-    model = None
-    if metrics is not None:
-        say(f"{out} already holds this run: test accuracy {metrics['accuracy']:.3f} (--force "
-            "retrains)")
-    else:
-        log = (lambda message: None) if args.quiet else say
-        model, metrics = train(cfg, out, device=args.device, log=log, force=args.force,
-                               dynamics=args.dynamics)
-        say(f"{cfg.arch} on {cfg.task}: test accuracy {metrics['accuracy']:.3f} "
-            f"({round(metrics['accuracy'] * cfg.n_eval)}/{cfg.n_eval}) after {metrics['steps']:,} "
-            f"steps in {metrics['wall_time_s'] / 60:.1f} min ({metrics['steps_per_s']:.1f} "
-            f"steps/s); saved in {out}")
+    if args.force:
+        start_over(out)
+    device = choose_device(args.device, cfg)
+    model, metrics = train(cfg, out, device, log=say, dynamics=args.dynamics)
+    if STOP:  # a stop during the final writes: obeyed now
+        raise Stopped(f"stopped at the end of training; {out} holds the finished run")
+    say(f"{cfg.arch} on {cfg.task}: test accuracy {metrics['accuracy']:.3f} "
+        f"({round(metrics['accuracy'] * cfg.n_eval)}/{cfg.n_eval}) after {metrics['steps']:,} "
+        f"steps in {metrics['wall_time_s'] / 60:.1f} min ({metrics['steps_per_s']:.1f} steps/s); "
+        f"saved in {out}")
     if args.interventions and "interventions" not in metrics:
-        if model is None:
-            model = load_run(out, args.device if args.device != "auto" else "cpu")[0]
-        metrics = analyse_run(out, model, cfg, say)
+        say(f"interventions: patching every site, layer and position of {cfg.n_eval} test "
+            "documents, Key and then Value corrupted (on 2 CPU cores: seconds to a few minutes)")
+        metrics["interventions"] = analyse(model, cfg)
+        if cfg.held_out:  # §5.3 reads the dev documents too
+            metrics["interventions_dev"] = analyse(model, cfg, "dev")
+        save(os.path.join(out, "metrics.json"), metrics)
+    if "interventions" in metrics:
+        say(mechanism_report(metrics["interventions"]["rows"], cfg.n_layer))
+        say(f"pictures of it: python figures/plots.py {out}")
     return metrics
+
+
+def main(argv=None) -> dict:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # an ignored SIGHUP (nohup)
+            if s != signal.SIGHUP or signal.getsignal(s) is not signal.SIG_IGN:  # stays ignored
+                previous[s] = signal.signal(s, on_stop_signal)
+    try:
+        if args.threads is not None and args.threads < 1:
+            raise ValueError(f"--threads must be at least 1, got {args.threads}")
+        if args.threads is not None:
+            torch.set_num_threads(args.threads)
+        return run(config_from_args(args), args)
+    except ValueError as e:  # a bad flag, or a mixer that cannot run
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
+    except Stopped as e:
+        parser.exit(130, f"{parser.prog}: {e}\n")
+    except (RunError, OSError) as e:  # a damaged file, a full disk, a folder not to be written
+        parser.exit(1, f"{parser.prog}: error: {str(e).strip().splitlines()[-1]}\n")
+    finally:
+        STOP.clear()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 if __name__ == "__main__":
     sys.modules.setdefault("mech", sys.modules["__main__"])  # a --mixer-file's `import mech`
-    try:
-        main()
-    except BrokenPipeError:  # --help piped into a reader that stopped early (`| head`)
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    main()
