@@ -532,17 +532,29 @@ def not_run_note(columns: list, series: list, sweep: str) -> list:
 
 
 def depth_figure(rs: list, paper, out_dir: str, name: str, title: str, source: str, sweep: str,
-                 line=None) -> list:
+                 line=None, zoom: bool = False) -> list:
     """A figure of accuracy by architecture and depth (depth_panel), beside the paper's; line:
-    (y, its label, its caption) of a dashed reference line, if any."""
+    (y, its label, its caption) of a dashed reference line, if any; zoom: the axis from just below
+    the lowest number drawn (a run, the paper's, the line) to 1, so that the report's gaps of a
+    few hundredths can be read."""
     layers = sorted({r["n_layer"] for r in rs})
-    fig, ax = plt.subplots(figsize=(11, 3.6))
+    fig, ax = plt.subplots(figsize=(11, 4.6 if zoom else 3.6))
     columns, series = depth_panel(ax, rs, layers, paper)
     legend(ax, series, BEST_LABEL, [dashed(ax, *line[:2])] if line else ())
+    notes = []
+    if zoom:
+        ys = ([s.value(r) for c in columns for s in series for r in c.runs if s.keep(r)]
+              + [y for c in columns for y in c.paper if y is not None] + ([line[0]] if line else []))
+        low = np.floor((min(ys) - 0.02) * 20) / 20  # a multiple of 0.05 below every number
+        ax.set_ylim(low, 1.0)
+        ax.yaxis.set_major_locator(plt.MultipleLocator(0.05))
+        ax.grid(axis="y", color="0.9", lw=0.6)
+        notes = [f"The accuracy axis runs from {low:.2f} to 1 (ticks every 0.05), not from 0, so "
+                 "that gaps of 0.01–0.05 between ours and the paper's can be read."]
     fig.suptitle(title)
     return save(fig, out_dir, name, [MARKS, scale_note(rs),
                                      paper_note(source, paper_best(rs), [("", columns)])]
-                + not_run_note(columns, series, sweep) + ([line[2]] if line else []))
+                + not_run_note(columns, series, sweep) + ([line[2]] if line else []) + notes)
 
 
 def ar_layers(records: list, out_dir: str) -> list:
@@ -723,7 +735,8 @@ def atr_layers(records: list, out_dir: str) -> list:
         else PAPER["atr_accuracy"].get(("easy", a)),
         out_dir, "atr_layers.png", f"{setting_title('easy')}: test accuracy with 1 and 2 layers",
         "atr_layers.pdf, App. D.2; 2 layers: atr.pdf, §5.2", "atr-layers",
-        (PAPER["atr_copy_next_token"]["easy"], COPY_NEXT_TOKEN, copy_next_token_note(["easy"])))
+        (PAPER["atr_copy_next_token"]["easy"], COPY_NEXT_TOKEN, copy_next_token_note(["easy"])),
+        zoom=True)
 
 
 def atr_sibling(records: list, out_dir: str) -> list:
@@ -739,7 +752,7 @@ def atr_sibling(records: list, out_dir: str) -> list:
         "multihop.pdf, App. D.4", "atr-sibling",
         (copy, "copying the Query", f"Dashed: {copy}, what answering with the Query itself "
          f"scores in the paper: its Query is its own rightmost sibling in {copy:.1%} of "
-         "documents."))
+         "documents."), zoom=True)
 
 
 # where the main setting reads a model of 1, 2 and 3 (or more) layers in atr_gen's panels

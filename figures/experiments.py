@@ -34,8 +34,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository, with mech.py
 sys.path.insert(0, ROOT)
 import mech  # noqa: E402
-from figures.collect import (NUMBERS_HEAD, collect, dynamics_table, numbers_table,  # noqa: E402
-                             report_numbers, summary_table)
+from figures.collect import (collect, dynamics_table, generated_tables,  # noqa: E402
+                             numbers_md, report_numbers, summary_table)
 from figures.drawing import plot_figures  # noqa: E402
 from figures.sweeps import (SWEEPS, Stopped, run_command, run_config, run_sweep,  # noqa: E402
                             sweep_overrides, sweep_runs)
@@ -125,15 +125,34 @@ def collect_and_draw(root: str, figures_dir: str, parser: mech.Parser) -> list:
     return records
 
 
+def write_numbers(root: str, parser: mech.Parser) -> None:
+    """--numbers DIR: recount the report's numbers from DIR/cpu_preset and DIR/paper_protocol into
+    DIR/numbers.md (also printed); a DIR without both, or without runs, is refused in one line."""
+    for sub in ("cpu_preset", "paper_protocol"):
+        if not os.path.isdir(os.path.join(root, sub)):
+            parser.error(f"--numbers {root}: no folder {os.path.join(root, sub)} (the committed "
+                         "runs: --numbers figures/runs)")
+    cpu = collect(os.path.join(root, "cpu_preset"))
+    if not cpu:
+        parser.error(f"--numbers {root}: no finished runs under {os.path.join(root, 'cpu_preset')}")
+    try:
+        text = numbers_md(report_numbers(root, cpu), generated_tables(root, cpu))
+        mech.atomic_write(os.path.join(root, "numbers.md"), text)
+    except (KeyError, ValueError, IndexError, ZeroDivisionError) as e:  # runs the report lacks
+        parser.exit(1, f"{parser.prog}: error: --numbers {root}: the runs there are not the "
+                    f"report's ({type(e).__name__}: {e})\n")
+    except (OSError, mech.RunError) as e:  # a read-only or full directory
+        parser.exit(1, f"{parser.prog}: error: {e}\n")
+    print(text)
+
+
 def main(argv=None) -> list:
     """--sweep: run a sweep (or print its commands), then collect it; --collect DIR: collect DIR.
     Returns the collected records."""
     parser = build_parser()
     args, run_flags = parser.parse_known_args(argv)
     if args.numbers:
-        table = numbers_table(report_numbers(args.numbers))
-        mech.atomic_write(os.path.join(args.numbers, "numbers.md"), NUMBERS_HEAD + table)
-        print(table)
+        write_numbers(args.numbers, parser)
         if not args.sweep and not args.collect:
             return []
     if not args.sweep and not args.collect:

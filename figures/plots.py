@@ -91,8 +91,9 @@ def dynamics(points: list, series: dict, when: dict, name: str | None, min_effec
     bottom.legend(fontsize=7, ncol=2, loc="center right")
     formed = (f"@{name.capitalize()} reaches 0.5 at step {when['mechanism']} (red dotted)"
               if when["mechanism"] else "no mechanism formed (the verdict names no position)")
-    fig.suptitle(f"{title}: the mechanism while it trains\n{formed}; accuracy reaches halfway "
-                 f"to its final at step {when['accuracy']} (black dotted)\nAttribs drawn where "
+    rises = (f"accuracy reaches halfway to its final at step {when['accuracy']} (black dotted)"
+             if when["accuracy"] is not None else "accuracy never rises above its first value")
+    fig.suptitle(f"{title}: the mechanism while it trains\n{formed}; {rises}\nAttribs drawn where "
                  f"the Key matters (p_clean - p_corrupted >= {min_effect})", fontsize=8)
     finish(fig, save)
 
@@ -112,7 +113,9 @@ def run_figures(rows: list, curve: list, name: str | None, main: str, min_effect
 
     mechanism(rows, positions, title, save("mechanism.png"))
     points = [p for p in curve if "attrib" in p]  # none with --no-dynamics
-    if points:
+    # only a run watched to its end: one resumed with --no-dynamics has its first points alone,
+    # which would stand for the whole run under the final accuracy of its title
+    if points and points[-1]["step"] == curve[-1]["step"]:
         dynamics(points, dynamics_series(points, main, min_effect),
                  moments(points, name, min_effect), name, min_effect, title, save("dynamics.png"))
     return pngs

@@ -184,7 +184,16 @@ def stop_requests():
         yield stop
 
 
-def run_sweep(runs: list, root: str, jobs: int, extra=(), log=print) -> list:
+def say(*args) -> None:
+    """print, except that a reader who stops reading (`| head`) does not stop the sweep: the rest
+    of its output goes to /dev/null, and its runs go on."""
+    try:
+        print(*args, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def run_sweep(runs: list, root: str, jobs: int, extra=(), log=say) -> list:
     """Run the runs that are not finished (see `finished`) in `jobs` local processes, splitting the
     CPU threads between them; each process writes its output to <run folder>/log.txt. Returns the
     folders of the runs that failed. On Ctrl-C, SIGTERM or SIGHUP (then Stopped) or any error,

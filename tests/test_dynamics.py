@@ -102,3 +102,22 @@ def test_marks_the_moments_the_mechanism_forms_and_the_accuracy_rises():
     assert plots.moments(curve, None, 0.1) == dict(mechanism=None, accuracy=400)
     flat = [dict(p, accuracy=0.0) for p in curve]  # never learned: accuracy never rises
     assert plots.moments(flat, "value", 0.1) == dict(mechanism=300, accuracy=None)
+
+
+def test_a_partly_watched_run_gets_no_dynamics_figure_and_captions_never_say_none():
+    rows = [dict(site="block_input", layer=0, position="value", corrupted="key", attrib=1.0)]
+    point = lambda s, watched=True: dict(step=s, accuracy=0.0, test_loss=1.0, **(
+        dict(attrib=dict(effect=0.5, main=dict(key=0.0, value=1.0, query=0.0), cells={}))
+        if watched else {}))
+    # resumed with --no-dynamics: watched for its first evaluations only
+    partly = [point(100), point(200), point(300, False)]
+    pngs = plots.run_figures(rows, partly, "value", "block_input", 0.1, ("value",), "t")
+    assert [name for name, _ in pngs] == ["mechanism.png"]
+    captions = []
+    plots.plt.Figure.suptitle = lambda self, text, **kw: captions.append(text)
+    try:
+        pngs = plots.run_figures(rows, partly[:2], "value", "block_input", 0.1, ("value",), "t")
+    finally:
+        del plots.plt.Figure.suptitle
+    assert [name for name, _ in pngs] == ["mechanism.png", "dynamics.png"]
+    assert not any("None" in c for c in captions) and "never rises" in captions[-1]

@@ -723,3 +723,32 @@ def test_collect_skips_a_damaged_run_in_one_line_and_keeps_the_rest(tmp_path):
     records = collect.collect(str(tmp_path), log=lines.append)
     assert [r["folder"] for r in records] == ["good"]
     assert len(lines) == 3 and all(line.startswith("skipped ") for line in lines)
+
+
+def test_a_sweep_outlives_a_reader_that_stops_reading():
+    """sweeps.say: a broken pipe on stdout (`| head`) sends the rest to /dev/null, no error."""
+    script = ("import sys; sys.path.insert(0, '.'); from figures.sweeps import say\n"
+              "for i in range(20000): say('line', i)\n"
+              "open(sys.argv[1], 'w').write('went on')")
+    marker = os.path.join(ROOT, ".pytest_say_marker")
+    proc = subprocess.Popen([sys.executable, "-c", script, marker], cwd=ROOT,
+                            stdout=subprocess.PIPE)
+    proc.stdout.readline()
+    proc.stdout.close()  # the reader stops
+    try:
+        assert proc.wait(60) == 0
+        with open(marker) as f:
+            assert f.read() == "went on"
+    finally:
+        if os.path.exists(marker):
+            os.remove(marker)
+
+
+def test_numbers_refuses_a_folder_without_runs_in_one_line(tmp_path):
+    for root, words in ((tmp_path / "missing", "no folder"), (tmp_path, "no finished runs")):
+        (tmp_path / "cpu_preset").mkdir(exist_ok=True)
+        (tmp_path / "paper_protocol").mkdir(exist_ok=True)
+        done = subprocess.run([sys.executable, os.path.join(ROOT, "figures", "experiments.py"),
+                               "--numbers", str(root)], capture_output=True, text=True)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and words in done.stderr
+        assert not os.path.exists(root / "numbers.md")
