@@ -691,76 +691,72 @@ class LanguageModel(nn.Module):
 
 
 # 5. Training ------------------------------------------------------------------------------------
-def opt(default, help: str, flag: str | None = None, choices: tuple | None = None,
-        low=None, high=None):
+def opt(default, help: str, flag=None, choices=None, low=None, high=None):
     """A Config field: its default, --help text, its flag if not --<name>, and the values it
-    allows (choices, or from low to high), which Config.check enforces."""
-    return dataclasses.field(default=default, metadata=dict(help=help, flag=flag, choices=choices,
-                                                            low=low, high=high))
+    allows (choices, or low .. high), which Config.check enforces."""
+    allowed = dict(flag=flag, choices=choices, low=low, high=high)
+    return dataclasses.field(default=default, metadata=dict(help=help, **allowed))
 
 
 @dataclasses.dataclass
 class Config:
     """Everything that defines a run. Each field is a flag (--d-model for d_model): Config(arch=A,
-    task=T) is the run `mech.py --arch A --task T`. A field left None takes its architecture's or
-    its preset's value; then every field is checked, so that a bad value is refused here."""
+    task=T) is the run `mech.py --arch A --task T`. A field left None takes its architecture's
+    or its preset's value; then every field is checked, so that a bad value is refused here."""
     task: str = opt("ar", "the task", choices=("ar", "atr"))  # -- what to train
     arch: str = opt("attention", "the architecture, a name in MIXERS")
-    preset: str = opt("cpu", "where the fields marked 'from --preset' get their values (cpu: "
-                      "calibrated on 2 CPU cores; paper: its protocol; class: each headline claim "
-                      "in minutes)", choices=("cpu", "paper", "class"))
-    d_model: int | None = opt(None, "model width d (cpu, paper: 64; paper grid: 16 .. 256)",
-                              low=1, high=1024)
-    n_layer: int = opt(2, "number of blocks (the paper: 2; appendix: 1 and 3)", "--layers",
-                       low=1, high=16)
-    n_head: int = opt(1, "attention / DeltaNet heads (the paper: 1)", "--heads", low=1, high=64)
+    preset: str = opt("cpu", "where the fields marked 'from --preset' get their values (cpu: 2 "
+                      "CPU cores; paper: its protocol; class: a claim in minutes)",
+                      choices=("cpu", "paper", "class"))
+    d_model: int | None = opt(None, "model width d (paper grid: 16 .. 256)", low=1, high=1024)
+    n_layer: int = opt(2, "number of blocks (the paper: 2)", "--layers", low=1, high=16)
+    n_head: int = opt(1, "attention / DeltaNet heads", "--heads", low=1, high=64)
     pos_emb: bool | None = opt(None, "learned position embedding (attention's default)")
     d_conv: int | None = opt(None, "short-conv width, 0 = none (mamba, delta_net: 4; based, "
                              "base_conv: 3)", "--dconv", low=0, high=L_MAX)
     long_conv: bool = opt(False, "based / base_conv: the implicit long conv for the short one")
-    hyena_d_skip: bool = opt(True, "Hyena's D skip (the official runs had it zeroed by a bug)")
-    value_corruption: str = opt("value", "a corrupted Value becomes a value, or a key (official)",
-                                choices=("value", "key"))
-    scan: str = opt("auto", "Mamba's scan (ext: compiled scan_ext/; ref: the loop; auto: ext if "
-                    "it builds)", choices=SCAN_BACKENDS)
-    num_kv: int = opt(8192, "AR: number of key + value tokens (half keys, half values)",  # -- data
-                      low=4, high=1_000_000)
-    n_pairs: int | None = opt(None, "AR: key-value pairs per document (cpu, paper: 16)",
-                              low=1, high=(L_MAX - 5) // 2)
+    hyena_d_skip: bool = opt(True, "Hyena's D skip (the official runs zeroed it by a bug)")
+    value_corruption: str = opt("value", "a corrupted Value becomes a value, or (official) a "
+                                "key", choices=("value", "key"))
+    scan: str = opt("auto", "Mamba's scan (ext: scan_ext/'s kernel; ref: the loop; auto: ext "
+                    "if it builds)", choices=SCAN_BACKENDS)
+    num_kv: int = opt(8192, "AR: key + value tokens", low=4, high=1_000_000)  # -- data
+    n_pairs: int | None = opt(None, "AR: key-value pairs per document", low=1, high=500)
     atr: str = opt("easy", "ATR setting (easy: Lmax 5, |Σ| 20; medium: Lmax 10; 8192: |Σ|)",
                    choices=("easy", "medium", "8192"))
     atr_query: str = opt("parent", "ATR: ask the word's parent or its rightmost sibling",
                          choices=("parent", "sibling"))
-    held_out: float = opt(0.0, "ATR: fraction of label pairs asked only by test documents",
+    held_out: float = opt(0.0, "ATR: share of label pairs only test documents ask",
                           low=0.0, high=0.9)
-    grammar_seed: int = opt(42, "ATR: seed of the grammar (42: the official grammars)",
+    grammar_seed: int = opt(42, "ATR: the grammar's seed (42: the official grammars)",
                             low=0, high=2 ** 32 - 1)  # numpy's legacy RNG takes 32 bits
-    n_train: int | None = opt(None, "training documents, generated once and replayed every "
-                              "epoch (cpu, paper: 100,032)", low=1, high=2_000_000)
+    n_train: int | None = opt(None, "training documents, replayed every epoch", low=1,
+                              high=2_000_000)
     fresh_data: bool | None = opt(None, "a fresh batch every step instead of the fixed set")
     bucket: int | None = opt(None, "batch documents by length in windows of this many batches",
                              low=0, high=100_000)
-    n_eval: int = opt(320, "test documents evaluated (the paper: the first 320)",
-                      low=1, high=100_000)
-    steps: int | None = opt(None, "optimizer steps (command line: this or --epochs)",  # -- training
-                            low=1, high=10_000_000)
-    epochs: int | None = opt(None, "passes over the training set, if steps is None",
-                             low=1, high=10_000)
+    n_eval: int = opt(320, "test documents evaluated (the paper: 320)", low=1, high=100_000)
+    steps: int | None = opt(None, "optimizer steps (or --epochs)", low=1,  # -- training
+                            high=10_000_000)
+    epochs: int | None = opt(None, "passes over the training set, if steps is None", low=1,
+                             high=10_000)
     batch_size: int = opt(32, "training batch size", low=1, high=4096)
-    lr: float | None = opt(None, "peak learning rate (paper grid: 3e-5 .. 3e-2)", low=1e-8, high=1.0)
-    warmup_frac: float | None = opt(None, "fraction of the steps spent in linear warmup",
-                                    low=0.0, high=0.99)
+    lr: float | None = opt(None, "peak learning rate (paper grid: 3e-5 .. 3e-2)", low=1e-8,
+                           high=1.0)
+    warmup_frac: float | None = opt(None, "share of the steps in linear warmup", low=0.0,
+                                    high=0.99)
     schedule: str | None = opt(None, "after warmup (wsd: hold the peak, then decay)",
                                choices=("cosine", "linear", "wsd"))
-    decay_frac: float = opt(0.2, "wsd: fraction of the steps spent decaying at the end",
-                            low=0.001, high=1.0)
+    decay_frac: float = opt(0.2, "wsd: share of the steps decaying at the end", low=0.001,
+                            high=1.0)
     weight_decay: float = opt(0.0, "AdamW weight decay (the paper: 0)", low=0.0, high=1.0)
-    eval_every: int | None = opt(None, "steps between evaluations (and checkpoints)",
-                                 low=1, high=10_000_000)
-    seed: int = opt(42, "seed for the data and the initial weights", low=0, high=2 ** 32 - 1)
+    eval_every: int | None = opt(None, "steps between evaluations (and checkpoints)", low=1,
+                                 high=10_000_000)
+    seed: int = opt(42, "seed of the data and the initial weights", low=0, high=2 ** 32 - 1)
 
     def __post_init__(self):
-        presets = {"cpu": self.cpu_preset, "paper": self.paper_preset, "class": self.class_preset}
+        presets = {"cpu": self.cpu_preset, "paper": self.paper_preset,
+                   "class": self.class_preset}
         if self.preset not in presets:
             raise ValueError(f"unknown preset {self.preset!r}; choose from cpu, paper, class")
         defaults = dict(pos_emb=self.arch == "attention", d_conv=DEFAULT_DCONV.get(self.arch))
@@ -773,33 +769,34 @@ class Config:
         self.check()
 
     def paper_preset(self) -> dict:
-        """The paper's protocol (tinylang experiments/*.yaml; the best of 5-7 learning rates):
-        Config's data, batch, warmup; cosine to 0 (linear if held out); AR 16 epochs (50,016
-        steps), ATR 32."""
+        """The paper's protocol (tinylang experiments/*.yaml; it reports the best of 5-7 rates,
+        --lr picks one): cosine to 0 (linear if held out); AR 16 epochs (50,016 steps), ATR 32."""
         return dict(steps=None, epochs=16 if self.task == "ar" else 32, lr=1e-3, bucket=0,
                     eval_every=200, schedule="linear" if self.held_out else "cosine",
-                    fresh_data=False, warmup_frac=0.1, d_model=64, n_pairs=16, n_train=100_032)
+                    fresh_data=False, warmup_frac=0.1, d_model=64, n_pairs=16,
+                    n_train=100_032)
 
     def cpu_preset(self) -> dict:
-        """The paper's task, data and batch at d = 64, on a wsd schedule fit to 2 CPU cores; the
-        exceptions below are where its calibration (figures/README.md) found the default short."""
+        """The paper's task, data and batch at d = 64 on a wsd schedule fit to 2 CPU cores, and
+        where its calibration (figures/README.md) found that short, more."""
         out = dict(steps=15_000, epochs=None, lr=1e-3, schedule="wsd", fresh_data=False,
                    eval_every=500, warmup_frac=0.1, bucket=16 if self.task == "atr" else 0,
                    d_model=64, n_pairs=16, n_train=100_032)
-        if self.arch == "attention":  # AR: its induction forms late; ATR: a short warmup leaves
-            out.update(dict(steps=30_000) if self.task == "ar" else dict(warmup_frac=0.5))  # it
-        if (self.task, self.arch) == ("ar", "mamba"):  # on the copy heuristic. Mamba and Based
-            out.update(steps=20_000, lr=3e-3, fresh_data=True)  # memorise the fixed AR set
-        if (self.task, self.arch, self.pos_emb) == ("ar", "based", True):
+        if (self.task, self.arch) == ("ar", "attention"):  # its induction forms late
+            out.update(steps=30_000)
+        if (self.task, self.arch) == ("atr", "attention"):  # else it stays on copying
+            out.update(warmup_frac=0.5)
+        if (self.task, self.arch) == ("ar", "mamba"):  # else it memorises the fixed set
+            out.update(steps=20_000, lr=3e-3, fresh_data=True)
+        if (self.task, self.arch, self.pos_emb) == ("ar", "based", True):  # the same
             out.update(lr=3e-4)
         return out
 
     def class_preset(self) -> dict:
-        """The CPU preset cut to show each headline claim in a class, in 1-4 minutes a run on 2 CPU
-        cores (figures/README.md, "The class preset"): 10,000 steps; on AR, attention and Based at
-        d = 32 on 8 pairs and 50,000 training documents (Mamba learns neither at d = 32 nor, in
-        every seed, on 8 pairs); on ATR, Mamba at 5e-3 after a long warmup. Attention on AR and
-        Mamba on ATR train 15,000 steps: in 10,000 some seeds have not yet formed their mechanism."""
+        """The CPU preset cut to show each headline claim in 1-4 minutes a run on 2 CPU cores
+        (figures/README.md, "The class preset"): 10,000 steps, or 15,000 where some seeds form
+        their mechanism later; AR attention and Based at d = 32 on 8 pairs (Mamba learns
+        neither), ATR Mamba at 5e-3 after a long warmup."""
         out = self.cpu_preset()
         out.update(steps=10_000)
         if self.task == "ar" and self.arch in ("attention", "based"):
@@ -817,8 +814,8 @@ class Config:
         return self.epochs * (self.n_train // self.batch_size)
 
     def check(self):
-        """Refuse, in a ValueError of one line, a value outside its field's choices or range, then
-        a combination that cannot train."""
+        """Refuse a value outside its field's choices or range, then a combination that cannot
+        train, in a ValueError of one line."""
         if self.arch not in MIXERS:
             raise ValueError(f"unknown arch {self.arch!r}; choose from {', '.join(MIXERS)}")
         for f in dataclasses.fields(self):
@@ -826,10 +823,9 @@ class Config:
             if allowed["choices"] and value not in allowed["choices"]:
                 raise ValueError(f"unknown {f.name} {value!r}; choose from "
                                  f"{', '.join(allowed['choices'])}")
-            if allowed["low"] is not None and value is not None and not (
-                    allowed["low"] <= value <= allowed["high"]):  # NaN fails too
-                raise ValueError(f"{f.name} must be in [{allowed['low']:,}, {allowed['high']:,}], "
-                                 f"got {value}")
+            low, high = allowed["low"], allowed["high"]
+            if low is not None and value is not None and not low <= value <= high:  # NaN too
+                raise ValueError(f"{f.name} must be in [{low:,}, {high:,}], got {value}")
         problem = next(self.problems(), None)
         if problem:
             raise ValueError(problem)
@@ -840,25 +836,18 @@ class Config:
         if d % self.n_head:
             yield f"d_model {d} is not divisible by n_head {self.n_head}"
         if self.n_head != 1 and arch not in ("attention", "delta_net"):
-            yield f"n_head {self.n_head}: only attention and delta_net have heads (use 1)"
+            yield f"n_head {self.n_head}: only attention and delta_net have heads"
         if arch == "h3" and d % 2:
             yield f"d_model {d}: h3 needs an even width (head_dim 2)"
         if self.d_conv is not None and arch not in DEFAULT_DCONV:
-            yield (f"--dconv {self.d_conv}: {arch} has no short conv (these have: "
-                   f"{', '.join(DEFAULT_DCONV)})")
+            yield f"--dconv: {arch} has no short conv (these have: {', '.join(DEFAULT_DCONV)})"
         if self.long_conv and arch not in ("based", "base_conv"):
             yield f"--long-conv applies to based and base_conv, not {arch}"
-        if self.num_kv % 2 or not 1 <= self.n_pairs <= self.num_kv // 2:
-            yield (f"AR needs an even num_kv (got {self.num_kv}) and at most num_kv / 2 keys "
-                   f"per document (n_pairs {self.n_pairs})")
-        if self.n_train < self.batch_size and not self.fresh_data:
+        if self.num_kv % 2 or self.n_pairs > self.num_kv // 2:
+            yield (f"AR needs an even num_kv (got {self.num_kv}) with a key for each of the "
+                   f"n_pairs {self.n_pairs} (num_kv / 2)")
+        if self.n_train < self.batch_size:
             yield f"n_train {self.n_train} is smaller than one batch ({self.batch_size})"
-        if self.total_steps < 1:
-            yield (f"{self.epochs} epoch(s) of {self.n_train} documents in batches of "
-                   f"{self.batch_size} make no step; give more --epochs or --steps")
-        if self.schedule == "wsd" and self.decay_frac > 1 - self.warmup_frac + 1e-9:
-            yield (f"decay_frac must be at most 1 - warmup_frac = {1 - self.warmup_frac:g}, got "
-                   f"{self.decay_frac}")  # 1e-9: 0.2 is 1 - 0.8 in decimals, not in floats
 
 
 class RunError(RuntimeError):
@@ -866,8 +855,8 @@ class RunError(RuntimeError):
 
 
 class Stopped(KeyboardInterrupt):
-    """Ctrl-C, SIGTERM or SIGHUP (see the appendix): the run stopped, and the same command goes
-    on from where it was. A KeyboardInterrupt, so that no `except Exception` swallows it."""
+    """A run stopped by Ctrl-C, SIGTERM or SIGHUP (appendix); the same command goes on. A
+    KeyboardInterrupt, so that no `except Exception` swallows it."""
 
 
 STOP = []  # the stop signals caught (appendix); train() obeys them between two steps
@@ -879,8 +868,9 @@ def build_model(cfg: Config, vocab_size: int) -> LanguageModel:
 
 
 def lr_at(step: int, cfg: Config) -> float:
-    """Linear warmup (the first update at rate 0), then cosine or linear decay to 0 as the paper's
-    get_cosine_schedule_with_warmup; "wsd" holds the peak, then decays over the last decay_frac."""
+    """Linear warmup (the first update at rate 0), then cosine or linear decay to 0 as the
+    paper's get_cosine_schedule_with_warmup; "wsd" holds the peak, then decays over the last
+    decay_frac of the steps."""
     total, warm = cfg.total_steps, int(cfg.warmup_frac * cfg.total_steps)
     if step < warm:
         return cfg.lr * step / warm
@@ -909,9 +899,9 @@ def evaluate(model: LanguageModel, data: Examples, batch_size: int = 64) -> dict
 
 def batch_documents(length: np.ndarray, n_batches: int, batch_size: int, bucket: int,
                     rng: Generator) -> np.ndarray:
-    """(n_batches, batch_size) training-document indices per batch: the paper's consecutive order,
-    or with buckets each window of `bucket` batches re-cut after sorting by length, then shuffled:
-    each document still once an epoch, less padding (ATR easy, windows of 16: 23 tokens, not 69)."""
+    """(n_batches, batch_size) document indices: the paper's consecutive order or, with buckets,
+    each window of `bucket` batches re-cut after sorting by length, then shuffled: each document
+    still once an epoch, with less padding."""
     batches = np.arange(n_batches * batch_size).reshape(n_batches, batch_size)
     for w in range(0, n_batches, bucket) if bucket else ():  # no buckets: the paper's order
         docs = batches[w:w + bucket].ravel()
@@ -921,12 +911,13 @@ def batch_documents(length: np.ndarray, n_batches: int, batch_size: int, bucket:
 
 
 def training_batches(cfg: Config, task, device) -> tuple:
-    """(batch_at, longest): batch_at(step) is that step's batch, a pure function of (seed, step),
-    so that a resumed run sees the same: the fixed set, replayed in order every epoch, or with
-    --fresh-data a new one; longest, the longest training document (0: not known in advance)."""
+    """(batch_at, longest): batch_at(step), that step's batch, is a function of (seed, step), so
+    that a resumed run sees the same: the fixed set replayed every epoch, or a fresh one;
+    longest: the longest training document (0: not known in advance)."""
     if cfg.fresh_data:
         def batch_at(step):
-            return task.sample(cfg.batch_size, rng_for(cfg.seed, f"train-step-{step}")).to(device)
+            rng = rng_for(cfg.seed, f"train-step-{step}")
+            return task.sample(cfg.batch_size, rng).to(device)
         return batch_at, 0
     per_epoch = cfg.n_train // cfg.batch_size
     train_set = task.sample(cfg.n_train, rng_for(cfg.seed, "train"))
@@ -937,24 +928,23 @@ def training_batches(cfg: Config, task, device) -> tuple:
     return (lambda step: batches[step % per_epoch].to(device)), train_set.trim().ids.shape[1]
 
 
-# A run's folder (--out) holds config.json (what run it is, written first), checkpoint.pt (while it
-# trains) and, once finished, model.pt and metrics.json. Each is written whole by `save`, and read
-# inside `reading`, the one place that turns a damaged file into one line.
+# A run's folder (--out) holds config.json (which run it is, written first), checkpoint.pt
+# (while it trains) and, once it is finished, model.pt and metrics.json. Each file is written
+# whole by `save` and read inside `reading`, which turns a damaged one into one line.
 def stored(cfg: Config) -> dict:
-    """config.json: the fields, and the content's hash of a --mixer-file that registered the arch."""
+    """config.json: the fields, and the hash of the --mixer-file that registered the arch."""
     code = {"mixer_code": MIXER_CODE[cfg.arch]} if cfg.arch in MIXER_CODE else {}
     return dataclasses.asdict(cfg) | code
 
 
 def identity(cfg: Config) -> dict:
-    """What makes two runs the same run: what config.json holds, the length in steps, not how it
-    was given (a preset, epochs)."""
+    """What makes two runs the same run: config.json, the length in steps (however given)."""
     return stored(cfg) | {"preset": None, "epochs": None, "steps": cfg.total_steps}
 
 
 def save(path: str, obj) -> None:
-    """Write a file whole: to a temporary name, then renamed, so that a stop, a kill or a full disk
-    leaves the old file (or none), never half of one."""
+    """Write a file to a temporary name, then rename it: a stop, a kill or a full disk leaves
+    the old file (or none), never half of one."""
     tmp = path + ".tmp"
     try:
         if path.endswith(".json"):
@@ -975,8 +965,8 @@ def reading(path: str):
     try:
         yield
     except Exception as e:
-        first = (str(e).strip().splitlines() or [""])[0][:200]
-        raise RunError(f"{path} cannot be used ({type(e).__name__}: {first}); move it away, and "
+        why = (str(e).strip().splitlines() or [""])[0][:200]
+        raise RunError(f"{path} cannot be used ({type(e).__name__}: {why}); move it away, and "
                        "the same command redoes what it held") from None
 
 
@@ -985,9 +975,8 @@ def stored_identity(out: str) -> dict | None:
     path = os.path.join(out, "config.json")
     if not os.path.exists(path):
         return None
-    with reading(path):
-        with open(path) as f:
-            fields = json.load(f)
+    with reading(path), open(path) as f:
+        fields = json.load(f)
         code = fields.pop("mixer_code", None)
         theirs = identity(Config(**fields))
     theirs.pop("mixer_code", None)
@@ -998,9 +987,9 @@ def finished(out: str | None, cfg: Config) -> dict | None:
     """The metrics of this very run, if `out` holds it finished (model.pt and metrics.json)."""
     if out is None or stored_identity(out) != identity(cfg):
         return None
-    if not all(os.path.exists(os.path.join(out, f)) for f in ("model.pt", "metrics.json")):
-        return None
     path = os.path.join(out, "metrics.json")
+    if not os.path.exists(path) or not os.path.exists(os.path.join(out, "model.pt")):
+        return None
     with reading(path), open(path) as f:
         metrics = json.load(f)
         if not {"accuracy", "curve"} <= metrics.keys():
@@ -1010,27 +999,26 @@ def finished(out: str | None, cfg: Config) -> dict | None:
 
 def train(cfg: Config, out: str | None = None, device="cpu", log=print,
           dynamics: bool = True) -> tuple:
-    """Train one model -> (model, metrics). With `out`, the run lives in that folder: a stopped run
-    resumes where it stopped, exactly, and a finished one is loaded, not trained again."""
-    # the task (section 1, or 7 for ATR), its documents, the model and its optimizer
+    """Train one model -> (model, metrics). With `out`, the run lives in that folder: a stopped
+    run resumes where it stopped, exactly, and a finished one is loaded, not trained again."""
+    # the task (section 1, or 7 for ATR), the model, its documents and its optimizer
     task = make_task(cfg)
     model = build_model(cfg, task.vocab_size).to(device)
     metrics = finished(out, cfg)
     if metrics is not None:
-        path = os.path.join(out, "model.pt")
-        with reading(path):
-            model.load_state_dict(torch.load(path, map_location=device))
+        with reading(os.path.join(out, "model.pt")):
+            model.load_state_dict(torch.load(os.path.join(out, "model.pt"), device))
         log(f"{out} already holds this run")
         return model, metrics
     batch_at, longest = training_batches(cfg, task, device)
     test = task.sample(cfg.n_eval, rng_for(cfg.seed, "test"), split="test").to(device)
+    dev_docs = None  # --held-out: the test documents ask held-out pairs only, dev ones others
+    if cfg.held_out:
+        dev_docs = task.sample(cfg.n_eval, rng_for(cfg.seed, "dev"), split="dev").to(device)
     check_mixer(cfg, max(longest, test.ids.shape[1]))  # tried at the lengths this run uses
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8,
                                   weight_decay=cfg.weight_decay, fused=True)
-    dev_docs = None  # --held-out: the test documents ask held-out pairs only, dev ones the others
-    if cfg.held_out:
-        dev_docs = task.sample(cfg.n_eval, rng_for(cfg.seed, "dev"), split="dev").to(device)
-    # the run folder: refuse another run's; resume from the checkpoint if there is one
+    # the run folder: refuse another run's; resume from its checkpoint if there is one
     step, curve, elapsed, loss_sum = 0, [], 0.0, torch.zeros((), device=device)
     if out is not None:
         os.makedirs(out, exist_ok=True)
@@ -1039,12 +1027,12 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
             save(os.path.join(out, "config.json"), stored(cfg))
         elif theirs != mine:
             diff = ", ".join(f"{k} {theirs.get(k)} (asked: {mine.get(k)})"
-                             for k in {**theirs, **mine} if theirs.get(k) != mine.get(k))
+                             for k in theirs | mine if theirs.get(k) != mine.get(k))
             raise RunError(f"{out} holds another run ({diff}); choose another --out")
         checkpoint = os.path.join(out, "checkpoint.pt")
         if os.path.exists(checkpoint):
             with reading(checkpoint):
-                state = torch.load(checkpoint, map_location=device)
+                state = torch.load(checkpoint, device)
                 model.load_state_dict(state["model"])
                 optimizer.load_state_dict(state["optimizer"])
                 step, curve, elapsed = state["step"], state["curve"], state["elapsed"]
@@ -1056,17 +1044,18 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
         f"{torch.get_num_threads()} thread(s)")
     start, t0 = step, time.time()
 
-    def save_checkpoint(step: int):  # the state that resumes the run exactly
+    def save_checkpoint(step: int):  # all that resumes the run exactly
         if out is not None:
-            save(checkpoint, dict(model=model.state_dict(), optimizer=optimizer.state_dict(),
-                                  step=step, curve=curve, loss_sum=loss_sum.item(),
-                                  elapsed=elapsed + time.time() - t0, identity=identity(cfg)))
+            save(checkpoint, dict(
+                model=model.state_dict(), optimizer=optimizer.state_dict(), step=step,
+                curve=curve, loss_sum=loss_sum.item(), elapsed=elapsed + time.time() - t0,
+                identity=identity(cfg)))
 
     for step in range(start, cfg.total_steps):
-        if STOP:  # Ctrl-C, SIGTERM or SIGHUP came during the last step: save it all, then stop
+        if STOP:  # Ctrl-C, SIGTERM or SIGHUP came during the last step: save it all, stop
             save_checkpoint(step)
             raise Stopped(f"stopped at step {step:,} of {cfg.total_steps:,}; " + (
-                "the same command resumes from there" if out else "nothing saved (no --out)"))
+                "the same command resumes it" if out else "nothing saved (no --out)"))
         # one optimisation step
         batch = batch_at(step)
         for group in optimizer.param_groups:
@@ -1079,7 +1068,7 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
         done = step + 1
         if done % cfg.eval_every and done != cfg.total_steps:
             continue
-        # every eval_every steps and at the end: evaluate, watch the mechanism, log, checkpoint
+        # every eval_every steps and at the end: evaluate, watch the mechanism, checkpoint
         train_loss = loss_sum.item() / (done - (curve[-1]["step"] if curve else 0))
         loss_sum.zero_()
         uniform = math.log(task.vocab_size)  # the loss of a uniform guess
@@ -1087,23 +1076,25 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
             raise RunError(f"the training loss reached {train_loss:.4g} by step {done} (a "
                            f"uniform guess: {uniform:.2f}); try a lower --lr than {cfg.lr:g}")
         ev = evaluate(model, test)
-        point = dict(step=done, train_loss=round(train_loss, 5), test_loss=round(ev["loss"], 5),
-                     accuracy=ev["accuracy"], time_s=round(elapsed + time.time() - t0, 2))
+        point = dict(step=done, train_loss=round(train_loss, 5),
+                     test_loss=round(ev["loss"], 5), accuracy=ev["accuracy"],
+                     time_s=round(elapsed + time.time() - t0, 2))
         if dev_docs is not None:
             point["dev_accuracy"] = evaluate(model, dev_docs)["accuracy"]
         if dynamics:  # the mechanism while it forms (section 6)
             point["attrib"] = watch_mechanism(model, task, test, cfg)
         curve.append(point)
-        log(progress(point, cfg.total_steps, (done - start) / (time.time() - t0)))
-        save_checkpoint(done)  # so a kill -9 loses at most eval_every steps
-    # finished: the metrics (the last evaluation's) and the model; the checkpoint goes last
+        log(progress(point, cfg.total_steps, (done - start) / (time.time() - t0),
+                     PAPER_FILTER[cfg.task]))
+        save_checkpoint(done)  # so that a kill -9 loses at most eval_every steps
+    # finished: the metrics (the last evaluation's), the model; the checkpoint goes last
     run_time, final = time.time() - t0, curve[-1]
     metrics = dict(accuracy=final["accuracy"], test_loss=final["test_loss"],
-                   steps=cfg.total_steps, **{k: final[k] for k in ("dev_accuracy",) if k in final},
+                   steps=cfg.total_steps, **{k: final[k] for k in ["dev_accuracy"] if k in final},
                    wall_time_s=round(elapsed + run_time, 2),
-                   steps_per_s=round((cfg.total_steps - start) / run_time, 2), n_params=n_params,
-                   threads=torch.get_num_threads(), device=torch.device(device).type,
-                   torch=torch.__version__, curve=curve)
+                   steps_per_s=round((cfg.total_steps - start) / run_time, 2),
+                   n_params=n_params, threads=torch.get_num_threads(),
+                   device=torch.device(device).type, torch=torch.__version__, curve=curve)
     if out is not None:
         save(os.path.join(out, "model.pt"), model.state_dict())
         save(os.path.join(out, "metrics.json"), metrics)
@@ -1111,16 +1102,17 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
     return model, metrics
 
 
-def progress(point: dict, total: int, rate: float) -> str:
-    """A line per evaluation: loss, accuracy, the watched Attribs, the time left."""
+def progress(point: dict, total: int, rate: float, min_effect: float) -> str:
+    """A line per evaluation: loss, accuracy, the watched Attribs where the Key matters, ETA."""
     dev = f" (dev {point['dev_accuracy']:.3f})" if "dev_accuracy" in point else ""
-    a = point.get("attrib")
-    attrib = "" if a is None else (f" | Key effect {a['effect']:.3f}, Attrib K/V/Q "
-                                   + "/".join(f"{a['main'][p]:.2f}" for p in ("key", "value",
-                                                                               "query")))
+    a, attrib = point.get("attrib"), ""
+    if a is not None:
+        attrib = f" | Key effect {a['effect']:.3f}"
+    if a is not None and a["effect"] >= min_effect:
+        attrib += ", Attrib K/V/Q " + "/".join(f"{a['main'][p]:.2f}" for p in a["main"])
     return (f"step {point['step']:>7,}/{total:,} | loss {point['train_loss']:.4f} | test acc "
-            f"{point['accuracy']:.3f}{dev}{attrib} | {rate:5.1f} steps/s | "
-            f"ETA {(total - point['step']) / rate / 60:5.1f} min")
+            f"{point['accuracy']:.3f}{dev}{attrib} | {rate:5.1f} steps/s | ETA "
+            f"{(total - point['step']) / rate / 60:5.1f} min")
 
 
 # 6. Interventions: the mechanistic evaluation ---------------------------------------------------
@@ -1571,9 +1563,7 @@ def make_task(cfg: Config):
 
 
 # Appendix: running it ---------------------------------------------------------------------------
-# The command line: flags -> Config, stop signals, the device, and what a run prints. A run's
-# promises (section 5's train and save): the same command gives the same numbers (for a given
-# thread count), resumes a stopped run exactly, and shows a finished one again.
+# The command line: flags, stop signals, the device, what a run prints (its promises: --help).
 import argparse  # noqa: E402
 import runpy  # noqa: E402
 import signal  # noqa: E402
@@ -1581,23 +1571,21 @@ import sys  # noqa: E402
 import threading  # noqa: E402
 from hashlib import sha1  # noqa: E402
 
-RUN_FILES = ("config.json", "checkpoint.pt", "model.pt", "metrics.json")  # what --force deletes
+RUN_FILES = ("config.json", "checkpoint.pt", "model.pt", "metrics.json")  # --force deletes
 
 
 def on_stop_signal(signum, frame):
-    """Ctrl-C, SIGTERM (a scheduler) and SIGHUP (a closed terminal). Inside train() the stop waits
-    for the end of the step (train reads STOP, saves a checkpoint, raises Stopped); anywhere else it
-    stops at once, where every file is whole (save) and the same command redoes what is left."""
+    """Ctrl-C, SIGTERM, SIGHUP: inside train() the stop waits for the end of the step (train
+    reads STOP); anywhere else it stops at once, every file whole (save)."""
     STOP.append(signum)
     while frame is not None and frame.f_code is not train.__code__:
         frame = frame.f_back
     if frame is None:
-        raise Stopped(f"stopped by {signal.Signals(signum).name}; the same command goes on from "
-                      "where it was")
+        raise Stopped(f"stopped by {signal.Signals(signum).name}; the same command goes on")
 
 
 def say(message: str) -> None:
-    """print, for output that a reader may close early (`| head`): then the run goes on, silent."""
+    """print, to a reader that may stop reading (`| head`): then the run goes on, silent."""
     try:
         print(message, flush=True)
     except BrokenPipeError:
@@ -1605,66 +1593,66 @@ def say(message: str) -> None:
 
 
 def choose_device(device: str, cfg: Config) -> str:
-    """auto, cpu, cuda or cuda:N; for Mamba, its scan compiled now, before the clock starts."""
+    """auto, cpu, cuda or cuda:N; for Mamba, its scan compiled now, off the clock."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    kind, _, index = device.partition(":")
-    if kind not in ("cpu", "cuda") or index and (kind == "cpu" or not index.isdigit()):
-        raise ValueError(f"unknown device {device!r}; choose from auto, cpu, cuda, cuda:N")
-    if kind == "cuda" and int(index or 0) >= torch.cuda.device_count():
-        raise ValueError(f"--device {device}: this torch sees {torch.cuda.device_count()} CUDA "
-                         "device(s); use --device cpu or auto")
+    n = torch.cuda.device_count()
+    allowed = ["cpu"] + ["cuda"] * (n > 0) + [f"cuda:{i}" for i in range(n)]
+    if device not in allowed:
+        raise ValueError(f"unknown device {device!r}; choose from auto, {', '.join(allowed)}")
     if cfg.arch == "mamba" and cfg.scan != "ref":
         scan_ext.kernel(torch.device(device), required=cfg.scan == "ext")
     return device
 
 
-def flag_of(f: dataclasses.Field) -> str:
-    return f.metadata["flag"] or "--" + f.name.replace("_", "-")
+HELP = """Train one model of the paper on its task, save the run in --out, and show how it
+solved the task. Every field of mech.Config is a flag. For a given seed and thread count, a run
+is deterministic. Stopped (Ctrl-C, SIGTERM, SIGHUP), the same command resumes it exactly;
+killed, it loses at most --eval-every steps (a checkpoint at each evaluation). Finished, the
+same command prints its result and its table again."""
+EXAMPLES = """examples:
+  python mech.py --arch mamba --task ar --dconv 4
+  python mech.py --arch attention --task atr --atr easy --seed 43
+  python mech.py --preset class --arch attention     # a finding in a minute
+Sweeps, figures, the pictures of a run: figures/README.md"""
 
 
 class Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit code 2 (argparse would print the whole usage first)
+    def error(self, message):  # one line, exit code 2 (argparse would print the usage first)
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def build_parser() -> Parser:
-    p = Parser(
-        prog="mech.py", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Train one model of the paper on its task, save the run in --out and show how "
-        "it solved the task.\nEvery field of mech.Config is a flag. A run is deterministic for a "
-        "given seed and\nthread count. Stopped (Ctrl-C, SIGTERM, SIGHUP), the same command "
-        "resumes it exactly;\nkilled, it loses at most --eval-every steps (a checkpoint each "
-        "evaluation). Finished,\nthe same command prints its result and its table again.",
-        epilog="examples:\n  python mech.py --arch mamba --task ar --dconv 4\n  python mech.py "
-        "--arch attention --task atr --atr easy --seed 43\n  python mech.py --preset class --arch "
-        "attention     # a finding in a minute\nSweeps, figures, a run's pictures: figures/README.md")
+    p = Parser(prog="mech.py", description=HELP, epilog=EXAMPLES,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     for f in dataclasses.fields(Config):
         kind = getattr(f.type, "__args__", (f.type,))[0]
-        extra = dict(action=argparse.BooleanOptionalAction) if kind is bool else dict(type=kind)
-        default = f.default
-        if default is None:
-            default = "from --arch" if f.name in ("pos_emb", "d_conv") else "from --preset"
+        extra = dict(type=kind)
+        if kind is bool:
+            extra = dict(action=argparse.BooleanOptionalAction)
+        origin = "from --arch" if f.name in ("pos_emb", "d_conv") else "from --preset"
+        default = origin if f.default is None else f.default
         allowed = f.metadata["choices"] or (tuple(MIXERS) if f.name == "arch" else None)
         allowed = f"; one of {', '.join(allowed)}" if allowed else ""
         if f.metadata["low"] is not None:
             allowed = f"; {f.metadata['low']:,} .. {f.metadata['high']:,}"
-        p.add_argument(*dict.fromkeys((flag_of(f), "--" + f.name.replace("_", "-"))),
+        flags = (f.metadata["flag"] or "--" + f.name.replace("_", "-"), f"--{f.name}")
+        p.add_argument(*dict.fromkeys(flag.replace("_", "-") for flag in flags),
                        dest=f.name, default=argparse.SUPPRESS, **extra,
                        help=f"{f.metadata['help']}{allowed} (default: {default})")
-    p.add_argument("--out", help="run folder (default: runs/<task>_<arch>_..._<config hash>)")
-    p.add_argument("--device", default="auto", help="auto (cuda if there is one), cpu, cuda or "
-                   "cuda:N (default: auto)")
-    p.add_argument("--threads", type=int, help="CPU threads: each count sums in its own order, so "
-                   "the same count gives the same numbers (default: torch's)")
-    p.add_argument("--force", action="store_true", help="start the run in --out over (deletes "
-                   f"{', '.join(RUN_FILES)} there)")
+    p.add_argument("--out", help="run folder (default: runs/<task>_<arch>_..._<its hash>)")
+    p.add_argument("--device", default="auto", help="auto (cuda if there is one), cpu, cuda "
+                   "or cuda:N (default: auto)")
+    p.add_argument("--threads", type=int, help="CPU threads: each count sums in its own "
+                   "order, so the same count gives the same numbers (default: torch's)")
+    p.add_argument("--force", action="store_true", help="start the run in --out over "
+                   f"(deletes {', '.join(RUN_FILES)} there)")
     p.add_argument("--interventions", default=True, action=argparse.BooleanOptionalAction,
                    help="after training, the mechanistic evaluation (default: on)")
     p.add_argument("--dynamics", default=True, action=argparse.BooleanOptionalAction,
                    help="at each evaluation, the mechanism while it forms (default: on)")
-    p.add_argument("--mixer-file", metavar="FILE", action="append", help="a Python file to run "
-                   "first, one that registers a mixer of your own (mech.register_mixer)")
+    p.add_argument("--mixer-file", metavar="FILE", action="append", help="a Python file to "
+                   "run first, one that registers a mixer of your own (mech.register_mixer)")
     return p
 
 
@@ -1684,45 +1672,39 @@ def run_mixer_files(paths) -> None:
 
 # Flags that apply only where another field has a value: flag -> (field, value)
 APPLIES = dict(num_kv=("task", "ar"), n_pairs=("task", "ar"), atr=("task", "atr"),
-               atr_query=("task", "atr"), held_out=("task", "atr"), grammar_seed=("task", "atr"),
-               scan=("arch", "mamba"), hyena_d_skip=("arch", "hyena"),
-               decay_frac=("schedule", "wsd"), d_conv=("long_conv", False),
-               bucket=("fresh_data", False))
+               atr_query=("task", "atr"), held_out=("task", "atr"),
+               grammar_seed=("task", "atr"), scan=("arch", "mamba"),
+               hyena_d_skip=("arch", "hyena"), decay_frac=("schedule", "wsd"),
+               d_conv=("long_conv", False), bucket=("fresh_data", False))
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
     """The Config of the flags given, refusing flags that contradict or do not apply here."""
     run_mixer_files(args.mixer_file)
-    given = {f.name: vars(args)[f.name] for f in dataclasses.fields(Config) if f.name in vars(args)}
+    fields = [f.name for f in dataclasses.fields(Config)]
+    given = {name: value for name, value in vars(args).items() if name in fields}
     if "steps" in given and "epochs" in given:
         raise ValueError(f"give --steps ({args.steps}) or --epochs ({args.epochs}), not both")
     cfg = Config(**given)
-    fields = {f.name: f for f in dataclasses.fields(Config)}
     for name, (where, value) in APPLIES.items():
         if name in given and getattr(cfg, where) != value:
-            raise ValueError(f"{flag_of(fields[name])} applies where {where} is {value}, not "
-                             f"{getattr(cfg, where)}")
+            raise ValueError(f"--{name.replace('_', '-')} applies where {where} is {value}, "
+                             f"not {getattr(cfg, where)}")
     return cfg
 
 
 def default_out(cfg: Config) -> str:
-    conv = f"_dconv{cfg.d_conv}" if cfg.arch in DEFAULT_DCONV else ""
-    task = cfg.task
-    if cfg.task == "atr":
-        task += f"-{cfg.atr}" + (f"-heldout{cfg.held_out:g}" if cfg.held_out else "")
-        task += f"-{cfg.atr_query}" if cfg.atr_query != "parent" else ""
+    task = cfg.task if cfg.task == "ar" else f"atr-{cfg.atr}"
     digest = sha1(json.dumps(identity(cfg), sort_keys=True).encode()).hexdigest()[:8]
-    return os.path.join("runs", f"{task}_{cfg.arch}{conv}_d{cfg.d_model}_lr{cfg.lr:g}"
-                                f"_s{cfg.seed}_{digest}")
+    return os.path.join("runs", f"{task}_{cfg.arch}_d{cfg.d_model}_lr{cfg.lr:g}_s{cfg.seed}"
+                                f"_{digest}")
 
 
 def start_over(out: str) -> None:
-    """--force: delete the files a run writes, only in a folder whose config.json is a run's (one
-    that is not is refused in one line)."""
-    if stored_identity(out) is None:
-        return
-    for name in RUN_FILES[::-1]:  # config.json last: a stop half way still leaves a run's folder
-        if os.path.exists(os.path.join(out, name)):
+    """--force: delete the files a run writes, only in a folder whose config.json is a run's
+    (another config.json is refused in one line)."""
+    for name in RUN_FILES[::-1] if stored_identity(out) else ():  # config.json last: a stop
+        with contextlib.suppress(FileNotFoundError):  # half way leaves a run's folder
             os.unlink(os.path.join(out, name))
 
 
@@ -1735,13 +1717,12 @@ def run(cfg: Config, args) -> dict:
     model, metrics = train(cfg, out, device, log=say, dynamics=args.dynamics)
     if STOP:  # a stop during the final writes: obeyed now
         raise Stopped(f"stopped at the end of training; {out} holds the finished run")
-    say(f"{cfg.arch} on {cfg.task}: test accuracy {metrics['accuracy']:.3f} "
-        f"({round(metrics['accuracy'] * cfg.n_eval)}/{cfg.n_eval}) after {metrics['steps']:,} "
-        f"steps in {metrics['wall_time_s'] / 60:.1f} min ({metrics['steps_per_s']:.1f} steps/s); "
-        f"saved in {out}")
+    right, minutes = round(metrics["accuracy"] * cfg.n_eval), metrics["wall_time_s"] / 60
+    say(f"{cfg.arch} on {cfg.task}: test accuracy {metrics['accuracy']:.3f} ({right}/"
+        f"{cfg.n_eval}) after {metrics['steps']:,} steps in {minutes:.1f} min "
+        f"({metrics['steps_per_s']:.1f} steps/s); saved in {out}")
     if args.interventions and "interventions" not in metrics:
-        say(f"interventions: patching every site, layer and position of {cfg.n_eval} test "
-            "documents, Key and then Value corrupted (on 2 CPU cores: seconds to a few minutes)")
+        say("interventions: patching every site, layer and position, Key then Value corrupted")
         metrics["interventions"] = analyse(model, cfg)
         if cfg.held_out:  # §5.3 reads the dev documents too
             metrics["interventions_dev"] = analyse(model, cfg, "dev")
@@ -1755,11 +1736,11 @@ def run(cfg: Config, args) -> dict:
 def main(argv=None) -> dict:
     parser = build_parser()
     args = parser.parse_args(argv)
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # an ignored SIGHUP (nohup)
-            if s != signal.SIGHUP or signal.getsignal(s) is not signal.SIG_IGN:  # stays ignored
-                previous[s] = signal.signal(s, on_stop_signal)
+    previous = {}  # the handlers to put back; a SIGHUP ignored (nohup) stays ignored
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if threading.current_thread() is threading.main_thread() and (
+                s != signal.SIGHUP or signal.getsignal(s) is not signal.SIG_IGN):
+            previous[s] = signal.signal(s, on_stop_signal)
     try:
         if args.threads is not None and args.threads < 1:
             raise ValueError(f"--threads must be at least 1, got {args.threads}")
@@ -1770,7 +1751,7 @@ def main(argv=None) -> dict:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
     except Stopped as e:
         parser.exit(130, f"{parser.prog}: {e}\n")
-    except (RunError, OSError) as e:  # a damaged file, a full disk, a folder not to be written
+    except (RunError, OSError) as e:  # a damaged file, a full disk, a folder not writable
         parser.exit(1, f"{parser.prog}: error: {str(e).strip().splitlines()[-1]}\n")
     finally:
         STOP.clear()

@@ -23,7 +23,7 @@ import mech  # noqa: E402  (its Parser: bad input in one line)
 
 
 def steps_per_s(flags: list, out: str) -> float:
-    subprocess.run([sys.executable, os.path.join(ROOT, "mech.py"), *flags, "--out", out, "--quiet",
+    subprocess.run([sys.executable, os.path.join(ROOT, "mech.py"), *flags, "--out", out,
                     "--no-interventions", "--force"], check=True, stdout=subprocess.DEVNULL)
     with open(os.path.join(out, "metrics.json")) as f:
         m = json.load(f)

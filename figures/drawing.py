@@ -88,7 +88,7 @@ def save(fig, out_dir: str, name: str, caption: list) -> list:
     path = os.path.join(out_dir, name)
     png = io.BytesIO()
     fig.savefig(png, dpi=120, format="png")
-    mech.atomic_write(path, png.getvalue())
+    plots.write_file(path, png.getvalue())
     plt.close(fig)
     return [path]
 

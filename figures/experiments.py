@@ -36,6 +36,7 @@ sys.path.insert(0, ROOT)
 import mech  # noqa: E402
 from figures.collect import (collect, dynamics_table, generated_tables,  # noqa: E402
                              numbers_md, report_numbers, summary_table)
+from figures import plots  # noqa: E402
 from figures.drawing import plot_figures  # noqa: E402
 from figures.sweeps import (SWEEPS, Stopped, run_command, run_config, run_sweep,  # noqa: E402
                             sweep_overrides, sweep_runs)
@@ -115,8 +116,8 @@ def collect_and_draw(root: str, figures_dir: str, parser: mech.Parser) -> list:
     records = collect(root)
     table = "\n\n".join(filter(None, (summary_table(records), dynamics_table(records))))
     try:
-        mech.write_json(os.path.join(root, "results.json"), records)
-        mech.atomic_write(os.path.join(root, "summary.md"), table + "\n")
+        mech.save(os.path.join(root, "results.json"), records)
+        plots.write_file(os.path.join(root, "summary.md"), table + "\n")
         paths = plot_figures(records, figures_dir)
     except (OSError, mech.RunError) as e:  # a read-only or full directory
         parser.exit(1, f"{parser.prog}: error: {e}\n")
@@ -137,7 +138,7 @@ def write_numbers(root: str, parser: mech.Parser) -> None:
         parser.error(f"--numbers {root}: no finished runs under {os.path.join(root, 'cpu_preset')}")
     try:
         text = numbers_md(report_numbers(root, cpu), generated_tables(root, cpu))
-        mech.atomic_write(os.path.join(root, "numbers.md"), text)
+        plots.write_file(os.path.join(root, "numbers.md"), text)
     except (KeyError, ValueError, IndexError, ZeroDivisionError) as e:  # runs the report lacks
         parser.exit(1, f"{parser.prog}: error: --numbers {root}: the runs there are not the "
                     f"report's ({type(e).__name__}: {e})\n")
