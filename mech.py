@@ -578,7 +578,7 @@ def based_layer(cfg, i: int) -> nn.Module:
     return BaseConv(cfg.d_model, None if cfg.long_conv else cfg.d_conv)
 
 
-# The registry of architectures: name -> (config, layer index) -> a mixer (b, l, d) -> (b, l, d).
+# The registry of architectures: name -> (config, layer) -> a mixer (b, l, d) -> (b, l, d).
 MIXERS = {
     "attention": lambda cfg, i: Attention(cfg.d_model, cfg.n_head),
     "base_conv": base_conv_layer,
@@ -587,14 +587,14 @@ MIXERS = {
     "hyena": lambda cfg, i: Hyena(cfg.d_model, d_skip=cfg.hyena_d_skip),
     "mamba": lambda cfg, i: Mamba(cfg.d_model, d_conv=cfg.d_conv, scan=cfg.scan),
     "delta_net": lambda cfg, i: DeltaNet(cfg.d_model, cfg.n_head, d_conv=cfg.d_conv)}
-DEFAULT_DCONV = {"mamba": 4, "delta_net": 4, "based": 3, "base_conv": 3}  # those with a short conv
-MIXER_CODE = {}  # arch -> sha1 of the --mixer-file that registered it (appendix): its identity
+DEFAULT_DCONV = {"mamba": 4, "delta_net": 4, "based": 3, "base_conv": 3}  # short-conv widths
+MIXER_CODE = {}  # arch -> sha1 of the --mixer-file that registered it (appendix)
 
 
 def register_mixer(name: str, factory, d_conv: int | None = None) -> None:
     """A mixer of your own (README, "Your own mixer"): factory(cfg, layer) -> a causal module
-    (b, l, d) -> (b, l, d); d_conv, the default width of its short conv if it has one (--dconv
-    then sets cfg.d_conv). It may name sites of its own (section 6). train() tries it first."""
+    (b, l, d) -> (b, l, d); d_conv: its short conv's width, if it has one (--dconv sets
+    cfg.d_conv). It may name sites of its own (section 6). train() tries it first."""
     if name in MIXERS:
         raise ValueError(f"mixer {name!r} is taken ({', '.join(MIXERS)}); choose another name")
     MIXERS[name] = factory
@@ -604,19 +604,19 @@ def register_mixer(name: str, factory, d_conv: int | None = None) -> None:
 
 @torch.no_grad()
 def check_mixer(cfg, length: int) -> None:
-    """Try cfg's mixer as the run will use it (eval mode, documents of `length` tokens): it must be
-    a module that keeps (b, l, d), stays finite, names no block site and is causal: for every
-    position i, an input changed from i on leaves every output before i as it was."""
+    """Try cfg's mixer as the run uses it (eval mode, `length` tokens): a module that keeps
+    (b, l, d), stays finite, names no block's site, and is causal: for every position i, an
+    input changed from i on leaves every output before i as it was."""
     name, d = cfg.arch, cfg.d_model
-    with torch.random.fork_rng(devices=[]):  # the run's own random numbers stay as they were
+    with torch.random.fork_rng(devices=[]):  # the run's random numbers stay as they were
         mixer, g = MIXERS[name](cfg, 0), torch.Generator().manual_seed(0)
         if not isinstance(mixer, nn.Module):
             raise ValueError(f"mixer {name!r}: its factory returned a {type(mixer).__name__}, "
                              "not a torch module")
     clash = set(getattr(mixer, "sites", {})) & set(SITES)
     if clash:
-        raise ValueError(f"mixer {name!r} names its own site {', '.join(clash)}, which is a "
-                         "block's (SITES); choose another name")
+        raise ValueError(f"mixer {name!r} names a site {', '.join(clash)}, a block's (SITES); "
+                         "choose another name")
     x = torch.randn(1, length, d, generator=g)                              # (1, l, d)
     y = mixer.eval()(x)
     if not isinstance(y, torch.Tensor) or y.shape != x.shape:
@@ -626,9 +626,10 @@ def check_mixer(cfg, length: int) -> None:
     if not y.isfinite().all():
         raise ValueError(f"mixer {name!r} returns NaN or inf on a random input")
     # document i: x with its positions i.. replaced; its outputs before i must not move
-    later = torch.arange(length)[:, None] <= torch.arange(length)                # (l, l): i <= t
+    later = torch.arange(length)[:, None] <= torch.arange(length)           # (l, l): i <= t
     for rows in torch.arange(length).split(64):
-        xs = torch.where(later[rows, :, None], torch.randn(len(rows), length, d, generator=g), x)
+        other = torch.randn(len(rows), length, d, generator=g)
+        xs = torch.where(later[rows, :, None], other, x)                   # (rows, l, d)
         moved = ((mixer(xs) - y).abs().amax(-1) > 1e-4 * (1 + y.abs().max())) & ~later[rows]
         if moved.any():
             i, t = moved.nonzero()[0].tolist()
@@ -686,69 +687,64 @@ class LanguageModel(nn.Module):
         return F.linear(self.norm_f(x), self.tok_emb.weight)                # (b, [l,] V), tied
 
 
-# 5. Training ------------------------------------------------------------------------------------
-def opt(default, help: str, flag=None, choices=None, low=None, high=None):
+# 5. Training ------------------------------------------------------------------------------
+def opt(default, help: str, flag=None, choices=None, limits=None):
     """A Config field: its default, --help text, its flag if not --<name>, and the values it
-    allows (choices, or low .. high), which Config.check enforces."""
-    allowed = dict(flag=flag, choices=choices, low=low, high=high)
-    return dataclasses.field(default=default, metadata=dict(help=help, **allowed))
+    allows (choices, or limits: (low, high)), which Config.check enforces."""
+    allowed = dict(help=help, flag=flag, choices=choices, limits=limits)
+    return dataclasses.field(default=default, metadata=allowed)
 
 
 @dataclasses.dataclass
 class Config:
-    """Everything that defines a run. Each field is a flag (--d-model for d_model): Config(arch=A,
-    task=T) is the run `mech.py --arch A --task T`. A field left None takes its architecture's
-    or its preset's value; then every field is checked, so that a bad value is refused here."""
+    """Everything that defines a run, each field a flag (--d-model for d_model): Config(arch=
+    A, task=T) is `mech.py --arch A --task T`. A field left None takes its architecture's or
+    its preset's value; then every field is checked, so that a bad value is refused here."""
     task: str = opt("ar", "the task", choices=("ar", "atr"))  # -- what to train
     arch: str = opt("attention", "the architecture, a name in MIXERS")
-    preset: str = opt("cpu", "where the fields marked 'from --preset' get their values (cpu: 2 "
-                      "CPU cores; paper: its protocol; class: a claim in minutes)",
+    preset: str = opt("cpu", "the values of the fields 'from --preset' (cpu: for 2 CPU "
+                      "cores; paper: its protocol; class: a claim in minutes)",
                       choices=("cpu", "paper", "class"))
-    d_model: int | None = opt(None, "model width d (paper grid: 16 .. 256)", low=1, high=1024)
-    n_layer: int = opt(2, "number of blocks (the paper: 2)", "--layers", low=1, high=16)
-    n_head: int = opt(1, "attention / DeltaNet heads", "--heads", low=1, high=64)
+    d_model: int | None = opt(None, "model width d (paper: 16 .. 256)", limits=(1, 1024))
+    n_layer: int = opt(2, "number of blocks (the paper: 2)", "--layers", limits=(1, 16))
+    n_head: int = opt(1, "attention / DeltaNet heads", "--heads", limits=(1, 64))
     pos_emb: bool | None = opt(None, "learned position embedding (attention's default)")
-    d_conv: int | None = opt(None, "short-conv width, 0 = none (mamba, delta_net: 4; based, "
-                             "base_conv: 3)", "--dconv", low=0, high=L_MAX)
-    long_conv: bool = opt(False, "based / base_conv: the implicit long conv for the short one")
+    d_conv: int | None = opt(None, "short-conv width, 0: none (mamba, delta_net: 4; based, "
+                             "base_conv: 3)", "--dconv", limits=(0, L_MAX))
+    long_conv: bool = opt(False, "based / base_conv: the long conv for the short one")
     hyena_d_skip: bool = opt(True, "Hyena's D skip (the official runs zeroed it by a bug)")
     value_corruption: str = opt("value", "a corrupted Value becomes a value, or (official) a "
                                 "key", choices=("value", "key"))
     scan: str = opt("auto", "Mamba's scan (ext: scan_ext/'s kernel; ref: the loop; auto: ext "
                     "if it builds)", choices=SCAN_BACKENDS)
-    num_kv: int = opt(8192, "AR: key + value tokens", low=4, high=1_000_000)  # -- data
-    n_pairs: int | None = opt(None, "AR: key-value pairs per document", low=1, high=500)
+    num_kv: int = opt(8192, "AR: key + value tokens", limits=(4, 10 ** 6))  # -- data
+    n_pairs: int | None = opt(None, "AR: key-value pairs per document", limits=(1, 500))
     atr: str = opt("easy", "ATR setting (easy: Lmax 5, |Σ| 20; medium: Lmax 10; 8192: |Σ|)",
                    choices=("easy", "medium", "8192"))
     atr_query: str = opt("parent", "ATR: ask the word's parent or its rightmost sibling",
                          choices=("parent", "sibling"))
-    held_out: float = opt(0.0, "ATR: share of label pairs only test documents ask",
-                          low=0.0, high=0.9)
+    held_out: float = opt(0.0, "ATR: share of label pairs asked by test documents only",
+                          limits=(0.0, 0.9))
     grammar_seed: int = opt(42, "ATR: the grammar's seed (42: the official grammars)",
-                            low=0, high=2 ** 32 - 1)  # numpy's legacy RNG takes 32 bits
-    n_train: int | None = opt(None, "training documents, replayed every epoch", low=1,
-                              high=2_000_000)
+                            limits=(0, 2 ** 32 - 1))  # numpy's legacy RNG takes 32 bits
+    n_train: int | None = opt(None, "training documents, replayed each epoch",
+                              limits=(1, 10 ** 6))
     fresh_data: bool | None = opt(None, "a fresh batch every step instead of the fixed set")
-    bucket: int | None = opt(None, "batch documents by length in windows of this many batches",
-                             low=0, high=100_000)
-    n_eval: int = opt(320, "test documents evaluated (the paper: 320)", low=1, high=100_000)
-    steps: int | None = opt(None, "optimizer steps (or --epochs)", low=1,  # -- training
-                            high=10_000_000)
-    epochs: int | None = opt(None, "passes over the training set, if steps is None", low=1,
-                             high=10_000)
-    batch_size: int = opt(32, "training batch size", low=1, high=4096)
-    lr: float | None = opt(None, "peak learning rate (paper grid: 3e-5 .. 3e-2)", low=1e-8,
-                           high=1.0)
-    warmup_frac: float | None = opt(None, "share of the steps in linear warmup", low=0.0,
-                                    high=0.99)
+    bucket: int | None = opt(None, "batch documents by length in windows of this many "
+                             "batches", limits=(0, 10 ** 5))
+    n_eval: int = opt(320, "test documents evaluated (the paper: 320)", limits=(1, 10 ** 5))
+    steps: int | None = opt(None, "optimizer steps (or --epochs)", limits=(1, 10 ** 7))  # --
+    epochs: int | None = opt(None, "passes over the training set", limits=(1, 10 ** 4))
+    batch_size: int = opt(32, "training batch size", limits=(1, 4096))
+    lr: float | None = opt(None, "peak learning rate (paper: 3e-5 .. 3e-2)", limits=(0, 1.0))
+    warmup_frac: float | None = opt(None, "share of the steps in warmup", limits=(0.0, 0.99))
     schedule: str | None = opt(None, "after warmup (wsd: hold the peak, then decay)",
                                choices=("cosine", "linear", "wsd"))
-    decay_frac: float = opt(0.2, "wsd: share of the steps decaying at the end", low=0.001,
-                            high=1.0)
-    weight_decay: float = opt(0.0, "AdamW weight decay (the paper: 0)", low=0.0, high=1.0)
-    eval_every: int | None = opt(None, "steps between evaluations (and checkpoints)", low=1,
-                                 high=10_000_000)
-    seed: int = opt(42, "seed of the data and the initial weights", low=0, high=2 ** 32 - 1)
+    decay_frac: float = opt(0.2, "wsd: share of the steps decaying", limits=(0.001, 1.0))
+    weight_decay: float = opt(0.0, "AdamW weight decay (the paper: 0)", limits=(0.0, 1.0))
+    eval_every: int | None = opt(None, "steps between evaluations and checkpoints",
+                                 limits=(1, 10 ** 7))
+    seed: int = opt(42, "seed of the data and the weights", limits=(0, 2 ** 32 - 1))
 
     def __post_init__(self):
         presets = {"cpu": self.cpu_preset, "paper": self.paper_preset,
@@ -765,16 +761,16 @@ class Config:
         self.check()
 
     def paper_preset(self) -> dict:
-        """The paper's protocol (tinylang experiments/*.yaml; it reports the best of 5-7 rates,
-        --lr picks one): cosine to 0 (linear if held out); AR 16 epochs (50,016 steps), ATR 32."""
+        """The paper's protocol (tinylang experiments/*.yaml; it reports the best of 5-7
+        rates): cosine to 0 (linear if held out); AR 16 epochs (50,016 steps), ATR 32."""
         return dict(steps=None, epochs=16 if self.task == "ar" else 32, lr=1e-3, bucket=0,
                     eval_every=200, schedule="linear" if self.held_out else "cosine",
                     fresh_data=False, warmup_frac=0.1, d_model=64, n_pairs=16,
                     n_train=100_032)
 
     def cpu_preset(self) -> dict:
-        """The paper's task, data and batch at d = 64 on a wsd schedule fit to 2 CPU cores, and
-        where its calibration (figures/README.md) found that short, more."""
+        """The paper's task, data and batch at d = 64 on a schedule fit to 2 CPU cores; longer
+        where its calibration (figures/README.md) found that short."""
         out = dict(steps=15_000, epochs=None, lr=1e-3, schedule="wsd", fresh_data=False,
                    eval_every=500, warmup_frac=0.1, bucket=16 if self.task == "atr" else 0,
                    d_model=64, n_pairs=16, n_train=100_032)
@@ -789,10 +785,8 @@ class Config:
         return out
 
     def class_preset(self) -> dict:
-        """The CPU preset cut to show each headline claim in 1-4 minutes a run on 2 CPU cores
-        (figures/README.md, "The class preset"): 10,000 steps, or 15,000 where some seeds form
-        their mechanism later; AR attention and Based at d = 32 on 8 pairs (Mamba learns
-        neither), ATR Mamba at 5e-3 after a long warmup."""
+        """The CPU preset cut to show each headline claim in minutes (figures/README.md, "The
+        class preset"): 10,000 steps, 15,000 where some seeds form their mechanism later."""
         out = self.cpu_preset()
         out.update(steps=10_000)
         if self.task == "ar" and self.arch in ("attention", "based"):
@@ -810,8 +804,8 @@ class Config:
         return self.epochs * (self.n_train // self.batch_size)
 
     def check(self):
-        """Refuse a value outside its field's choices or range, then a combination that cannot
-        train, in a ValueError of one line."""
+        """Refuse, in a ValueError of one line, a value its field does not allow, then a
+        combination that cannot train."""
         if self.arch not in MIXERS:
             raise ValueError(f"unknown arch {self.arch!r}; choose from {', '.join(MIXERS)}")
         for f in dataclasses.fields(self):
@@ -819,8 +813,8 @@ class Config:
             if allowed["choices"] and value not in allowed["choices"]:
                 raise ValueError(f"unknown {f.name} {value!r}; choose from "
                                  f"{', '.join(allowed['choices'])}")
-            low, high = allowed["low"], allowed["high"]
-            if low is not None and value is not None and not low <= value <= high:  # NaN too
+            low, high = allowed["limits"] or (value, value)
+            if value is not None and not low <= value <= high:  # NaN fails too
                 raise ValueError(f"{f.name} must be in [{low:,}, {high:,}], got {value}")
         problem = next(self.problems(), None)
         if problem:
@@ -836,7 +830,9 @@ class Config:
         if arch == "h3" and d % 2:
             yield f"d_model {d}: h3 needs an even width (head_dim 2)"
         if self.d_conv is not None and arch not in DEFAULT_DCONV:
-            yield f"--dconv: {arch} has no short conv (these have: {', '.join(DEFAULT_DCONV)})"
+            yield f"--dconv: {arch} has no short conv ({', '.join(DEFAULT_DCONV)} have one)"
+        if self.d_conv == 0 and arch in ("based", "base_conv"):  # y = conv(u) ⊙ (W u + b) + u
+            yield f"--dconv 0: {arch}'s short-conv layers would mix no positions at all"
         if self.long_conv and arch not in ("based", "base_conv"):
             yield f"--long-conv applies to based and base_conv, not {arch}"
         if self.num_kv % 2 or self.n_pairs > self.num_kv // 2:
@@ -847,7 +843,7 @@ class Config:
 
 
 class RunError(RuntimeError):
-    """A run that cannot go on (it diverged; a file is damaged): one line for the command line."""
+    """A run that cannot go on (it diverged, a file is damaged), said in one line."""
 
 
 class Stopped(KeyboardInterrupt):
@@ -865,8 +861,7 @@ def build_model(cfg: Config, vocab_size: int) -> LanguageModel:
 
 def lr_at(step: int, cfg: Config) -> float:
     """Linear warmup (the first update at rate 0), then cosine or linear decay to 0 as the
-    paper's get_cosine_schedule_with_warmup; "wsd" holds the peak, then decays over the last
-    decay_frac of the steps."""
+    paper's get_cosine_schedule_with_warmup; "wsd" holds the peak, then decays at the end."""
     total, warm = cfg.total_steps, int(cfg.warmup_frac * cfg.total_steps)
     if step < warm:
         return cfg.lr * step / warm
@@ -895,9 +890,8 @@ def evaluate(model: LanguageModel, data: Examples, batch_size: int = 64) -> dict
 
 def batch_documents(length: np.ndarray, n_batches: int, batch_size: int, bucket: int,
                     rng: Generator) -> np.ndarray:
-    """(n_batches, batch_size) document indices: the paper's consecutive order or, with buckets,
-    each window of `bucket` batches re-cut after sorting by length, then shuffled: each document
-    still once an epoch, with less padding."""
+    """(n_batches, batch_size) document indices: the paper's order or, with buckets, each
+    window of `bucket` batches sorted by length, re-cut and shuffled (less padding)."""
     batches = np.arange(n_batches * batch_size).reshape(n_batches, batch_size)
     for w in range(0, n_batches, bucket) if bucket else ():  # no buckets: the paper's order
         docs = batches[w:w + bucket].ravel()
@@ -907,9 +901,8 @@ def batch_documents(length: np.ndarray, n_batches: int, batch_size: int, bucket:
 
 
 def training_batches(cfg: Config, task, device) -> tuple:
-    """(batch_at, longest): batch_at(step), that step's batch, is a function of (seed, step), so
-    that a resumed run sees the same: the fixed set replayed every epoch, or a fresh one;
-    longest: the longest training document (0: not known in advance)."""
+    """(batch_at, longest): batch_at(step) is a function of (seed, step), so that a resumed
+    run sees the same batches; longest, the longest training document (0: not known yet)."""
     if cfg.fresh_data:
         def batch_at(step):
             rng = rng_for(cfg.seed, f"train-step-{step}")
@@ -924,9 +917,8 @@ def training_batches(cfg: Config, task, device) -> tuple:
     return (lambda step: batches[step % per_epoch].to(device)), train_set.trim().ids.shape[1]
 
 
-# A run's folder (--out) holds config.json (which run it is, written first), checkpoint.pt
-# (while it trains) and, once it is finished, model.pt and metrics.json. Each file is written
-# whole by `save` and read inside `reading`, which turns a damaged one into one line.
+# A run's folder holds config.json (which run it is, written first), checkpoint.pt (while it
+# trains), then model.pt and metrics.json. Files are written by `save`, read within `reading`.
 def stored(cfg: Config) -> dict:
     """config.json: the fields, and the hash of the --mixer-file that registered the arch."""
     code = {"mixer_code": MIXER_CODE[cfg.arch]} if cfg.arch in MIXER_CODE else {}
@@ -939,8 +931,8 @@ def identity(cfg: Config) -> dict:
 
 
 def save(path: str, obj) -> None:
-    """Write a file to a temporary name, then rename it: a stop, a kill or a full disk leaves
-    the old file (or none), never half of one."""
+    """Write a file under a temporary name, then rename it: a stop, a kill or a full disk
+    leaves the old file (or none), never half of one."""
     tmp = path + ".tmp"
     try:
         if path.endswith(".json"):
@@ -962,8 +954,8 @@ def reading(path: str):
         yield
     except Exception as e:
         why = (str(e).strip().splitlines() or [""])[0][:200]
-        raise RunError(f"{path} cannot be used ({type(e).__name__}: {why}); move it away, and "
-                       "the same command redoes what it held") from None
+        raise RunError(f"{path} cannot be used ({type(e).__name__}: {why}); move it away, "
+                       "and the same command redoes what it held") from None
 
 
 def stored_identity(out: str) -> dict | None:
@@ -980,7 +972,7 @@ def stored_identity(out: str) -> dict | None:
 
 
 def finished(out: str | None, cfg: Config) -> dict | None:
-    """The metrics of this very run, if `out` holds it finished (model.pt and metrics.json)."""
+    """The metrics of this very run if `out` holds it finished (model.pt, metrics.json)."""
     if out is None or stored_identity(out) != identity(cfg):
         return None
     path = os.path.join(out, "metrics.json")
@@ -995,8 +987,8 @@ def finished(out: str | None, cfg: Config) -> dict | None:
 
 def train(cfg: Config, out: str | None = None, device="cpu", log=print,
           dynamics: bool = True) -> tuple:
-    """Train one model -> (model, metrics). With `out`, the run lives in that folder: a stopped
-    run resumes where it stopped, exactly, and a finished one is loaded, not trained again."""
+    """Train one model -> (model, metrics). With `out`, the run lives in that folder: a
+    stopped run resumes exactly, and a finished one is loaded, not trained again."""
     # the task (section 1, or 7 for ATR), the model, its documents and its optimizer
     task = make_task(cfg)
     model = build_model(cfg, task.vocab_size).to(device)
@@ -1085,8 +1077,9 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
         save_checkpoint(done)  # so that a kill -9 loses at most eval_every steps
     # finished: the metrics (the last evaluation's), the model; the checkpoint goes last
     run_time, final = time.time() - t0, curve[-1]
+    dev_accuracy = {k: final[k] for k in ["dev_accuracy"] if k in final}
     metrics = dict(accuracy=final["accuracy"], test_loss=final["test_loss"],
-                   steps=cfg.total_steps, **{k: final[k] for k in ["dev_accuracy"] if k in final},
+                   steps=cfg.total_steps, **dev_accuracy,
                    wall_time_s=round(elapsed + run_time, 2),
                    steps_per_s=round((cfg.total_steps - start) / run_time, 2),
                    n_params=n_params, threads=torch.get_num_threads(),
@@ -1099,7 +1092,7 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
 
 
 def progress(point: dict, total: int, rate: float, min_effect: float) -> str:
-    """A line per evaluation: loss, accuracy, the watched Attribs where the Key matters, ETA."""
+    """A line per evaluation: loss, accuracy, Attribs where the Key matters, time left."""
     dev = f" (dev {point['dev_accuracy']:.3f})" if "dev_accuracy" in point else ""
     a, attrib = point.get("attrib"), ""
     if a is not None:
@@ -1629,8 +1622,8 @@ def build_parser() -> Parser:
         default = origin if f.default is None else f.default
         allowed = f.metadata["choices"] or (tuple(MIXERS) if f.name == "arch" else None)
         allowed = f"; one of {', '.join(allowed)}" if allowed else ""
-        if f.metadata["low"] is not None:
-            allowed = f"; {f.metadata['low']:,} .. {f.metadata['high']:,}"
+        if f.metadata["limits"]:
+            allowed = "; {:,} .. {:,}".format(*f.metadata["limits"])
         flags = (f.metadata["flag"] or "--" + f.name.replace("_", "-"), f"--{f.name}")
         p.add_argument(*dict.fromkeys(flag.replace("_", "-") for flag in flags),
                        dest=f.name, default=argparse.SUPPRESS, **extra,
