@@ -41,8 +41,8 @@ def test_the_report_quotes_every_accuracy_and_attrib_it_recounts(items):
     # every recounted accuracy (mean ± sd) and Attrib triple of the claims is in the report
     quoted = [ours for name, ours, _, _ in items if name.startswith(("C", "D.", "5.3"))
               and ("±" in ours or re.fullmatch(r"[-0-9. /]+", ours))]
-    missing = [q for q in quoted if q.replace("-0.00", "0.00") not in REPORT.replace("-0.00", "0.00")
-               and q not in README]
+    report = REPORT.replace("-0.00", "0.00")
+    missing = [q for q in quoted if q.replace("-0.00", "0.00") not in report and q not in README]
     assert not missing, missing
 
 
@@ -207,3 +207,130 @@ def test_the_prose_numbers_of_the_paper_protocol():
     assert f"test loss {min(losses):.1f}–{max(losses):.1f} at the end" in one_line(REPORT)
     h3 = collect.PAPER["ar_accuracy"]["h3"]
     assert f"H3 learns AR at no width in the paper ({min(h3):.3f}–{max(h3):.3f})" in REPORT
+
+
+# ── the prose of the sections issue 50 touched, recounted from the runs ──────────────────────────
+
+def section(heading: str) -> str:
+    """The report's section under the heading that starts with `heading`, on one line."""
+    start = REPORT.index("\n" + heading)
+    end = REPORT.find("\n## ", start + 1)
+    return one_line(REPORT[start:end if end > 0 else None])
+
+
+def metrics(preset: str, folder: str) -> dict:
+    with open(os.path.join(RUNS, preset, folder, "metrics.json")) as f:
+        return json.load(f)
+
+
+def loss(x: float) -> str:
+    """A final training loss as the report writes it: 2 decimals, or one digit's power of ten."""
+    return f"{x:.2f}" if x >= 0.01 else f"{x:.0e}".replace("e-0", "e-")
+
+
+def test_the_c3_hyena_prose_is_recounted(records):
+    text = section("## C3 for Hyena")
+    groups = collect.hyena_groups(RUNS, records)
+    cpu = {d: sorted(rs, key=lambda r: r["seed"]) for d, p, rs in groups if p.startswith("CPU")}
+    pp = {(d, r["lr"], r["seed"]): r for d, p, rs in groups if not p.startswith("CPU") for r in rs}
+    paper = dict(zip(collect.WIDTHS, collect.PAPER["ar_accuracy"]["hyena"]))
+    mean = {d: sum(r["accuracy"] for r in rs) / len(rs) for d, rs in cpu.items()}
+    runs = [r for _, _, rs in groups for r in rs]
+    past = [r for r in runs if collect.reacts(r)]
+    weak = [r["effect"] for r in past if r["effect"] < 0.1]
+    wanted = [
+        # the figure's paragraph
+        f"the paper's × at each width ({paper[64]:.3f}, {paper[128]:.3f}, {paper[256]:.3f})",
+        f"every run past the 0.01 filter ({len(past)} of {len(runs)})",
+        f"the CPU preset's means {mean[64]:.3f}, {mean[128]:.3f}, {mean[256]:.3f}",
+        f"at 3e-3 {pp[128, 3e-3, 42]['accuracy']:.3f} at d = 128, {pp[256, 3e-3, 42]['accuracy']:.3f}"
+        f" and {pp[256, 3e-3, 43]['accuracy']:.3f} at d = 256",
+        f"(@Query {min(r['attrib']['query'] for r in past):.2f}–"
+        f"{max(r['attrib']['query'] for r in past):.2f}, @Key and @Value within 0.001 of 0)",
+        # the bullets
+        f"that run's is {pp[128, 1e-2, 42]['effect']:.3f}",
+        f"by {min(weak):.3f}–{max(weak):.3f} only",
+        f"({mean[64]:.3f} at d = 64, {mean[128]:.3f} at 128, {mean[256]:.3f} at 256)"]
+    assert max(abs(r["attrib"][p]) for r in past for p in ("key", "value")) < 0.001
+    assert len({round(mean[d] / paper[d], 1) for d in (128, 256)} | {0.3}) == 1  # "about 0.3"
+    top = round(max([r["accuracy"] for r in runs] + [paper[d] for d in cpu]) + 0.06, 1)
+    assert f"axis ends at {top}" in text  # as drawing.hyena_widths draws it
+    m = {d: [metrics("cpu_preset", r["folder"]) for r in rs] for d, rs in cpu.items()}
+    train = {d: ", ".join(loss(x["curve"][-1]["train_loss"]) for x in m[d]) for d in (128, 256)}
+    tests = [x["test_loss"] for d in (128, 256) for x in m[d]]
+    wanted.append(f"final training loss {train[128]} (d = 128) and {train[256]} (d = 256) against "
+                  f"test losses {min(tests):.2f}–{max(tests):.2f}")
+    wall = {d: [minutes(x["wall_time_s"], "1") for x in m[d]] for d in (128, 256)}
+    assert wall[256][1] == wall[256][2]
+    wanted.append(f"{min(wall[128], key=int)}–{max(wall[128], key=int)} min a run at d = 128, and "
+                  f"{wall[256][0]} min (seed 42) and {wall[256][1]} min (seeds 43, 44) at d = 256")
+    # the paper's protocol at d = 128 (seed 42 at three rates) and d = 256 (3e-3, seeds 42 and 43)
+    p128 = [metrics("paper_protocol", pp[128, lr, 42]["folder"]) for lr in (1e-3, 3e-3, 1e-2)]
+    assert len({minutes(x["wall_time_s"], "1") for x in p128[:2]}) == 1
+    wanted += [f"{minutes(p128[0]['wall_time_s'], '1')} min a run at lr 1e-3 and 3e-3",
+               ", ".join(f"{x['accuracy']:.3f}" for x in p128[:2])
+               + f" and {p128[2]['accuracy']:.3f} (at most "
+               + ", ".join(f"{max(p['accuracy'] for p in x['curve']):.3f}" for x in p128[:2])
+               + f" and {max(p['accuracy'] for p in p128[2]['curve']):.3f} along the curve)",
+               "final training loss " + ", ".join(loss(x["curve"][-1]["train_loss"])
+                                                  for x in p128[:2])
+               + f" and {loss(p128[2]['curve'][-1]['train_loss'])}, test loss "
+               + ", ".join(f"{x['test_loss']:.1f}" for x in p128[:2])
+               + f" and {p128[2]['test_loss']:.1f}"]
+    p256 = [metrics("paper_protocol", pp[256, 3e-3, s]["folder"]) for s in (42, 43)]
+    both = [pp[256, 3e-3, s] for s in (42, 43)]
+    at15k = [next(p["accuracy"] for p in x["curve"] if p["step"] == 15000) for x in p256]
+    mean256 = sum(x["accuracy"] for x in p256) / 2
+    assert {loss(x["curve"][-1]["train_loss"]) for x in p256} == {"2e-5"}
+    assert all(abs(r["attrib"][p]) < 0.0005 for r in both
+               for p in ("key", "value", "value+1", "value+2", "divider"))  # "every other 0.000"
+    wanted += [f"reach {p256[0]['accuracy']:.3f} and {p256[1]['accuracy']:.3f} (at most "
+               + " and ".join(f"{max(p['accuracy'] for p in x['curve']):.3f}" for x in p256)
+               + f" along the curve; {at15k[0]:.3f} and {at15k[1]:.3f} at step 15k)",
+               f"stay {paper[256] - mean256:.3f} below",
+               f"Key effect {both[0]['effect']:.3f} and {both[1]['effect']:.3f}",
+               "(final training loss 2e-5, test loss " + " and ".join(f"{x['test_loss']:.2f}"
+                                                                       for x in p256) + ")",
+               f"Seed 42 took {minutes(p256[0]['wall_time_s'], '1')} min",
+               f"two threads at {p256[0]['steps_per_s']:.1f} steps/s",
+               f"seed 43 {minutes(p256[1]['wall_time_s'], '1')} min on two threads"]
+    assert [x["threads"] for x in p256] == [2, 2]
+    missing = [w for w in wanted if w not in text]
+    assert not missing, missing
+
+
+def test_the_coinciding_formation_markers_are_named(records):
+    """mechanism_dynamics.png stacks the formation markers that share a step; the report's
+    paragraph below the formation table names each such step and its seeds, panel by panel."""
+    from figures import drawing
+    drawn = collect.one_width(collect.one_protocol(records, lambda m: None), lambda m: None)
+    found = [(step, sorted({r["seed"] for r, _, _ in marks}))
+             for _, rs in collect.watched_runs(drawn)
+             for step, marks in drawing.formation_marks(rs).items() if len(marks) > 1]
+    text = section("## The mechanism while it forms")
+    clauses = text.split("its caption names them: ")[1].split(". ")[0].split("; ")
+    assert len(clauses) == len(found), clauses
+    for clause, (step, seeds) in zip(clauses, found):
+        assert f"seeds {' and '.join(map(str, seeds))}" in clause and f"{step:,}" in clause, clause
+
+
+def test_the_conv_width_paragraph_is_recounted(records):
+    """mamba_conv_restored.png's AR d_conv 2 and 3 columns, cited in "Positions that coincide"."""
+    text = section("## Positions that coincide")
+    conv = {(r["d_conv"], r["seed"]): r for r in records if r["arch"] == "mamba"
+            and r["task"] == "ar" and r["n_layer"] == 2 and r["d_model"] == 64
+            and collect.main_variant(r) and r.get("conv")}
+    c = lambda k, s, p: conv[k, s]["conv"][p]
+    assert all(collect.all_documents(conv[3, s], "value+1") for s in (42, 43, 44))
+    past2 = [s for s in (42, 43, 44) if collect.reacts(conv[2, s])]
+    assert past2 == [43]
+    wanted = [", ".join(f"{c(4, s, 'value+1'):.3f}" for s in (42, 43, 44)).replace(", ", " / "),
+              f"(@Value {c(3, 42, 'value'):.3f} and {c(3, 43, 'value'):.3f}, @Value+1 "
+              f"{c(3, 42, 'value+1'):.2f} and {c(3, 43, 'value+1'):.2f}; accuracy "
+              f"{conv[3, 42]['accuracy']:.3f} and {conv[3, 43]['accuracy']:.3f})",
+              f"at Value+1 in seed 44 ({c(3, 44, 'value+1'):.2f};",
+              f"(43, accuracy {conv[2, 43]['accuracy']:.3f}) has it at the Value "
+              f"({c(2, 43, 'value'):.2f})"]
+    plain = lambda t: t.replace("-0.00", "0.00").replace("−", "-")
+    missing = [w for w in wanted if plain(w) not in plain(text)]
+    assert not missing, missing
