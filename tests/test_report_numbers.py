@@ -5,6 +5,7 @@ import decimal
 import json
 import os
 import re
+import statistics
 
 import pytest
 
@@ -243,8 +244,8 @@ def test_the_c3_hyena_prose_is_recounted(records):
         f"the paper's × at each width ({paper[64]:.3f}, {paper[128]:.3f}, {paper[256]:.3f})",
         f"every run past the 0.01 filter ({len(past)} of {len(runs)})",
         f"the CPU preset's means {mean[64]:.3f}, {mean[128]:.3f}, {mean[256]:.3f}",
-        f"at 3e-3 {pp[128, 3e-3, 42]['accuracy']:.3f} at d = 128, {pp[256, 3e-3, 42]['accuracy']:.3f}"
-        f" and {pp[256, 3e-3, 43]['accuracy']:.3f} at d = 256",
+        f"at 3e-3 {pp[128, 3e-3, 42]['accuracy']:.3f} at d = 128, "
+        f"{pp[256, 3e-3, 42]['accuracy']:.3f} and {pp[256, 3e-3, 43]['accuracy']:.3f} at d = 256",
         f"(@Query {min(r['attrib']['query'] for r in past):.2f}–"
         f"{max(r['attrib']['query'] for r in past):.2f}, @Key and @Value within 0.001 of 0)",
         # the bullets
@@ -334,3 +335,96 @@ def test_the_conv_width_paragraph_is_recounted(records):
     plain = lambda t: t.replace("-0.00", "0.00").replace("−", "-")
     missing = [w for w in wanted if plain(w) not in plain(text)]
     assert not missing, missing
+
+
+def curve_range(preset: str, folder: str, position: str, from_step: int) -> str:
+    """"0.95–1.15": the range of a run's watched Attrib at a position from a step on."""
+    ys = [p["attrib"]["main"][position] for p in metrics(preset, folder)["curve"]
+          if "attrib" in p and p["step"] >= from_step]
+    return f"{min(ys):.2f}–{max(ys):.2f}"
+
+
+def test_the_prose_of_the_paper_protocol_is_recounted():
+    text = section("## The paper's own protocol")
+    runs = protocol_runs()
+    acc = lambda prefix: [r["accuracy"] for f, r in sorted(runs.items()) if f.startswith(prefix)]
+    d0 = "atr_easy_mamba_dconv0_lr"
+    at3 = [runs[f"{d0}0.003_s{s}"] for s in (42, 43, 44)]
+    hy = [runs[f"atr_medium_hyena_lr0.003_s{s}"] for s in (42, 43, 44)]
+    bc = [runs[f"atr_8192_base_conv_lr0.0001_s{s}"] for s in (42, 43, 44)]
+    mean = lambda rs, p: sum(r["attrib"][p] for r in rs) / len(rs)
+    diag = {f: metrics("diagnostics", f"{d0}{f}") for f in
+            [f"{lr}_s{s}" for lr in ("0.003", "0.01") for s in (42, 43, 44)]}
+    train = [diag[f"0.01_s{s}"]["curve"][-1]["train_loss"] for s in (42, 43, 44)]
+    wanted = [
+        f"at the best rate the three seeds give {collect.mean_sd(acc('ar_mamba_lr0.01_'))}",
+        f"({collect.mean_sd(acc('atr_easy_attention_lr0.001_'))}, the paper's 0.938)",
+        f"(the 3 seeds: {collect.mean_sd([r['accuracy'] for r in at3])})",
+        f"mean {mean(at3, 'value'):.2f}",
+        f"**{collect.mean_sd([r['accuracy'] for r in hy])}** over the three seeds",
+        f"**{collect.mean_sd([r['accuracy'] for r in bc])}** over the three seeds",
+        f"over the three seeds the Value ({mean(bc, 'value'):.2f}) holds more than the Key "
+        f"({mean(bc, 'key'):.2f})",
+        "test loss " + " and ".join(
+            f"{metrics('paper_protocol', f'atr_8192_base_conv_lr{lr}_s42')['test_loss']:.1f}"
+            for lr in ("0.001", "0.003")) + " at the end",
+        f"{curve_range('paper_protocol', f'{d0}0.01_s42', 'value', 10000)} at every evaluation "
+        "from step 10k on",
+        f"{curve_range('paper_protocol', f'{d0}0.003_s42', 'value', 30000)} from 30k on",
+        f"{curve_range('paper_protocol', f'{d0}0.001_s42', 'value', 30000)} from 30k to the end",
+        f"seed 43's curve {curve_range('paper_protocol', f'{d0}0.003_s43', 'value', 10000)} from "
+        f"step 10k, seed 44's {curve_range('paper_protocol', f'{d0}0.003_s44', 'value', 10000)}",
+        "at 3e-3 " + " / ".join(f"{diag[f'0.003_s{s}']['accuracy']:.3f}" for s in (42, 43, 44)),
+        "(" + " / ".join(f"{diag[f'0.01_s{s}']['accuracy']:.3f}" for s in (42, 43, 44))
+        + f", training loss {min(train):.2f}–{max(train):.2f})"]
+    missing = [w for w in wanted if w not in text]
+    assert not missing, missing
+
+
+def test_the_class_preset_prose_is_recounted():
+    text = section("## The class preset")
+    times = {}
+    with open(os.path.join(RUNS, "class_preset", "command_times.tsv")) as f:
+        for line in f:
+            if not line.startswith("#"):
+                name, seconds = line.split()[:2]
+                times.setdefault(name.rsplit("_s", 1)[0], []).append(int(seconds))
+    median = {k: minutes(sorted(v)[1]) for k, v in times.items()}
+    d0 = times["ar_mamba_dconv0"]
+    wanted = [f"(medians: attention {median['ar_attention']}, Based {median['ar_based']}, Mamba "
+              f"{median['ar_mamba_dconv4']}, without its conv {median['ar_mamba_dconv0']} and "
+              f"{median['ar_mamba_dconv1']} (d_conv 1), on ATR {median['atr_easy_mamba_dconv0']})",
+              f"({minutes(min(d0))}–{minutes(max(d0))} min)",
+              f"With `--dconv 1` it takes {median['ar_mamba_dconv1']} min"]
+    assert max(sorted(v)[1] for v in times.values()) == sorted(d0)[1]  # "the one over 3 minutes"
+    eight = [metrics("diagnostics", f"class_ar_mamba_8pairs_s{s}") for s in (42, 43, 44)]
+    wanted += [f"accuracy {eight[0]['accuracy']:.3f}", f"seed 43 {eight[1]['accuracy']:.3f}",
+               f"but seed 44 does not learn ({eight[2]['accuracy']:.3f};"]
+    missing = [w for w in wanted if w not in text]
+    assert not missing, missing
+    total = sum(s for v in times.values() for s in v)
+    assert f"| {minutes(total, '1')} min of the two cores" in REPORT
+
+
+def test_the_cost_table_gives_the_cpu_preset_times(records):
+    """The CPU preset's row: median and range of the main sweeps' run minutes per task, the
+    1-layer ATR runs' range, the two cores' hours, and C3's Hyena runs at d = 128 and 256."""
+    from figures.sweeps import sweep_runs
+    row = next(line for line in REPORT.splitlines() if line.startswith("| the CPU preset"))
+    by_name = {os.path.basename(r["folder"]): r for r in records}
+    names = lambda sweeps: {n for sw in sweeps for n, _ in sweep_runs(sw, "cpu", 3) if n in by_name}
+    main = [by_name[n] for n in names(collect.MAIN_SWEEPS)]
+    for task, words in (("ar", "AR median"), ("atr", "ATR median")):
+        walls = sorted(r["wall_time_s"] for r in main if r["task"] == task)
+        median = statistics.median(walls)
+        assert (f"{words} {minutes(median)} min ({minutes(walls[0])}–{minutes(walls[-1])})"
+                in row), task
+    one = [by_name[n]["wall_time_s"] for n in names(("atr-layers",))]
+    assert f"1-layer ATR (`atr-layers`) {minutes(min(one))}–{minutes(max(one))} min" in row
+    hours = sum(r["wall_time_s"] for r in main) / 3600 / 2
+    assert f"~{hours:.0f} h of the two cores" in row
+    hyena = [r for r in records if r["arch"] == "hyena" and r["task"] == "ar"
+             and r["d_model"] in (128, 256)]
+    assert f"C3's {len(hyena)} Hyena runs at d = 128 and 256" in row
+    total = sum(r["wall_time_s"] for r in hyena) / 60
+    assert f"the {len(hyena)} Hyena runs {total:.0f} more" in row
