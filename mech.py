@@ -1,40 +1,25 @@
-"""mech.py: a single-file reproduction of "Mechanistic evaluation of Transformers and state space
-models" (Arora, Rathi, Selvam, Csordás, Jurafsky, Potts; arXiv 2505.15105).
+"""mech.py: a single-file reproduction of "Mechanistic evaluation of Transformers and state
+space models" (Arora, Rathi, Selvam, Csordás, Jurafsky, Potts; arXiv 2505.15105).
 
-The paper trains tiny 2-layer models of seven architectures (Attention, BaseConv, Based, H3, Hyena,
-Mamba, DeltaNet) on Associative Recall (AR: the value of a repeated key among 16 key-value pairs)
-and Associative Treecall (ATR: a word's parent in a sentence of a random tree grammar), then asks
-*how* each solved it with interchange interventions. The lesson, in reading order:
-    1. the first task: Associative Recall       5. training (AdamW, warmup + schedule, evaluation)
-    2. building blocks (MLP, causal convs)      6. interventions (the mechanistic evaluation)
-    3. the seven sequence mixers                7. the second task: Associative Treecall
-    4. blocks and the language model
-and an appendix that only *runs* it (run folders, signals, devices, threads, the command line).
-Every sequence mixer maps (b, l, d) -> (b, l, d) and sits in a residual block,
-    Block(x) = x + mixer(norm(x)), then x + MLP(norm(x))     (Mamba blocks have no MLP),
-so that "the residual stream entering layer i" is a plain tensor that can be read and patched.
-Guaranteed: the official code's maths (named with each component; an official quirk is a flag, the
-paper's intent its default). Not: the official RNG call order (so not its data or initial weights),
-nor fused CUDA speed (scan_ext/ compiles Mamba's scan). Sweeps, figures, the report: figures/.
-Reading: Zoology (arXiv 2312.04927), H3 (2212.14052), Hyena (2302.10866), Mamba (2312.00752) and
-mamba-minimal, DeltaNet (2406.06484), nanoGPT (this file's shape).
-Shapes in comments are lower-case: b batch, l length, d width, c channels, n state size, h heads;
-upper-case letters are the paper's matrices (Mamba's A, B, C, D).
-Glossary (code name: paper notation, meaning)
+Tiny 2-layer models of seven architectures (Attention, BaseConv, Based, H3, Hyena, Mamba,
+DeltaNet) learn Associative Recall (AR) and Associative Treecall (ATR); interchange
+interventions then ask *how* each solved it. Sections: 1 AR, 2 building blocks, 3 the seven
+mixers, 4 the model, 5 training, 6 interventions, 7 ATR; an appendix runs it. Each mixer maps
+(b, l, d) -> (b, l, d) in a pre-norm residual block, so "the residual stream entering layer i"
+is a plain tensor that can be read and patched.
+Guaranteed: the official maths (an official quirk is a flag, the paper's intent its default);
+not: the official RNG call order (so not its data or initial weights), nor fused CUDA speed.
+Reading: Zoology (arXiv 2312.04927), H3 (2212.14052), Hyena (2302.10866), Mamba (2312.00752),
+mamba-minimal, DeltaNet (2406.06484). Shapes: b batch, l length, d width, h heads. Glossary:
     d_model, d         "Model dimension": the width of the residual stream
-    n_layer            number of blocks (2 in the main results)
     pos_emb            PE / NoPE: learned absolute position embedding on or off
-    pos["key"]         Key: the in-context occurrence of the queried key (ATR: of the queried word)
-    pos["value"]       Value: the value stored next to it (ATR: the word's parent), the answer
-    pos["divider"]     the <eos> before the query
-    pos["query"]       Query: the repeated key; the prediction is read here
-    pos["answer"]      the answer token (what follows the Query)
+    pos["key"]         Key: the queried key in context (ATR: the queried word)
+    pos["value"]       Value: the value next to it (ATR: the word's parent), the answer
+    pos["query"]       Query: the repeated key, where the prediction is read
     d_conv             "Conv.": width of the short causal convolution (0 = none)
-    d_state, d_inner   N: SSM state size per channel; E * d, Mamba's expanded width (Alg. 2)
-    dt_rank, delta     R: rank of the projection producing Δ, Mamba's input-dependent step size
-    A, B, C, D         SSM parameters: A and D per channel, B and C per token (Mamba)
-    phi                φ: Based's 2nd-order Taylor feature map, φ(q)·φ(k) ≈ exp(q·k/√f)
-    feature_dim        f = 8: width of Based's q and k
+    d_state, d_inner   N: SSM state size per channel; E·d, Mamba's expanded width
+    dt_rank, delta     R: rank of Δ's projection; Δ, Mamba's input-dependent step size
+    phi, feature_dim   φ: Based's Taylor feature map, φ(q)·φ(k) ≈ exp(q·k/√f); f = 8
     beta, S            β, S: DeltaNet's write strength and fast-weight state
     max_rhs_len        Lmax: ATR rules have 1 .. Lmax-1 children plus a head word
     n_terminals        |Σ|: ATR's word vocabulary (20 or 8192)
@@ -58,23 +43,22 @@ from numpy.random import Generator
 import scan_ext
 
 PAD, BOS, EOS = 0, 1, 2  # the special tokens of both tasks
-L_MAX = 1024  # n_positions: the largest sequence; also the time grid of the implicit filters and H3
+L_MAX = 1024  # n_positions, the longest sequence; the implicit filters' and H3's time grid
 
 
-# 1. The first task: Associative Recall (AR) -----------------------------------------------------
-# The rest of the file sees a task only through its documents (ids, named positions) and two
-# methods, sample and other_token: ATR (section 7) plugs in the same way.
+# 1. The first task: Associative Recall (AR) ------------------------------------------------
+# A task is seen only through its Examples and two methods, sample and other_token (ATR: §7).
 def rng_for(seed: int, stream: str) -> Generator:
-    """A random stream per (seed, purpose): test documents never depend on the training draws."""
+    """A random stream per (seed, purpose): test documents never depend on training draws."""
     return np.random.default_rng([seed, zlib.crc32(stream.encode())])
 
 
 def distinct_ints(rng: Generator, n: int, k: int, high: int) -> np.ndarray:
-    """(n, k): each row k distinct integers drawn uniformly from [0, high), in random order."""
+    """(n, k): each row k distinct integers, uniform in [0, high), in random order."""
     if k * k > 2 * high:  # repeats would be common: the first k of a shuffle
         return np.argsort(rng.random((n, high)), axis=1)[:, :k]
     x = rng.integers(0, high, (n, k))
-    while True:  # redraw the rows with a repeat (~3 % of them for 16 of 4096)
+    while True:  # redraw the rows with a repeat
         repeats = (np.diff(np.sort(x, axis=1), axis=1) == 0).any(axis=1)
         if not repeats.any():
             return x
@@ -82,9 +66,9 @@ def distinct_ints(rng: Generator, n: int, k: int, high: int) -> np.ndarray:
 
 
 def other_than(tokens: torch.Tensor, first: int, n: int, rng: Generator) -> torch.Tensor:
-    """For each of the tokens (ids in first .. first+n-1), another id of that range, uniformly."""
+    """For each token (ids first .. first+n-1), another id of that range, uniformly."""
     r = torch.from_numpy(rng.integers(0, n - 1, len(tokens))).to(tokens.device)
-    return first + r + (r >= tokens - first)  # skip the original: uniform over the n - 1 others
+    return first + r + (r >= tokens - first)  # skip the original: uniform over the others
 
 
 @dataclasses.dataclass
@@ -95,7 +79,8 @@ class Examples:
 
     @classmethod
     def from_numpy(cls, ids: np.ndarray, **pos: np.ndarray) -> "Examples":
-        return cls(torch.from_numpy(ids), {k: torch.from_numpy(v).long() for k, v in pos.items()})
+        pos = {k: torch.from_numpy(v).long() for k, v in pos.items()}
+        return cls(torch.from_numpy(ids), pos)
 
     def __len__(self):
         return len(self.ids)
@@ -104,26 +89,24 @@ class Examples:
         return Examples(self.ids[i], {name: p[i] for name, p in self.pos.items()})
 
     def to(self, device):
-        return Examples(self.ids.to(device), {name: p.to(device) for name, p in self.pos.items()})
+        return Examples(self.ids.to(device), {k: v.to(device) for k, v in self.pos.items()})
 
-    def trim(self):  # drop the padding no document needs (ATR): a causal model predicts the same
+    def trim(self):  # drop the padding no document needs (ATR): a causal model is unaffected
         return Examples(self.ids[:, :int(self.pos["answer"].max()) + 2], self.pos)
 
     @property
     def answer(self) -> torch.Tensor:  # (n,) the token the model must predict at pos["query"]
-        return self.ids[torch.arange(len(self.ids), device=self.ids.device), self.pos["answer"]]
+        return self.ids[torch.arange(len(self), device=self.ids.device), self.pos["answer"]]
 
 
 class AR:
-    """Associative Recall, as the paper's AR-32.
+    """Associative Recall, as the paper's AR-32:
         pos:  0     1   2   3   4  ...  31   32   33    34   35   36
-        tok:  <bos> k1  v1  k2  v2 ...  k16  v16  <eos> kq   vq   <eos>
-    16 keys and 16 values, drawn without replacement from disjoint halves of the num_kv = 8192
-    key/value tokens, are paired in order: the association exists only in context; the model sees
-    k_i after the divider and must output v_i. Vocabulary: PAD 0, BOS 1, EOS 2, keys, values, one
-    unused id: V = num_kv + 4 = 8196, as officially. Official implementation: aryamanarora/tinylang,
-    tinylang/language/ar.py (class AR), languages/ar_vary_kv/ar_32.yaml. Differences: numpy's PCG64
-    for the official torch/numpy/random calls (the same distribution)."""
+        tok:  <bos> k1  v1  k2  v2 ...  k16  v16  <eos> k_i  v_i  <eos>
+    Keys and values: drawn without replacement from disjoint halves of num_kv = 8192 tokens;
+    the vocabulary is num_kv + 4 (PAD, BOS, EOS, an unused id). Official implementation:
+    aryamanarora/tinylang, tinylang/language/ar.py, languages/ar_vary_kv/ar_32.yaml.
+    Differences: numpy's RNG calls, not the official ones (the same distribution)."""
 
     def __init__(self, num_kv: int = 8192, n_pairs: int = 16):
         self.n_keys = num_kv // 2  # keys and values each get half of the num_kv tokens
@@ -135,30 +118,27 @@ class AR:
     def sample(self, n: int, rng: Generator, split: str = "train") -> Examples:
         """n documents; AR has no held-out split (train and test differ by their rng)."""
         p, length = self.n_pairs, self.length
-        keys = self.first_key + distinct_ints(rng, n, p, self.n_keys)        # (n, p)
-        values = self.first_value + distinct_ints(rng, n, p, self.n_keys)    # (n, p)
-        i = rng.integers(0, p, n)                                            # the queried pair
+        keys = self.first_key + distinct_ints(rng, n, p, self.n_keys)       # (n, p)
+        values = self.first_value + distinct_ints(rng, n, p, self.n_keys)   # (n, p)
+        i = rng.integers(0, p, n)                                           # the queried pair
         rows = np.arange(n)
-        ids = np.empty((n, length), dtype=np.int64)
-        ids[:, 1:2 * p + 1:2] = keys
-        ids[:, 2:2 * p + 2:2] = values
-        ids[:, 0] = BOS
-        ids[:, [2 * p + 1, 2 * p + 4]] = EOS                    # the divider, the end
-        ids[:, 2 * p + 2] = keys[rows, i]                       # the Query repeats key i ...
-        ids[:, 2 * p + 3] = values[rows, i]                     # ... and value i answers it
+        pairs = np.stack([keys, values], axis=2).reshape(n, 2 * p)          # k1 v1 k2 v2 ...
+        eos = np.full(n, EOS)
+        tail = np.stack([eos, keys[rows, i], values[rows, i], eos], axis=1)  # (n, 4)
+        ids = np.concatenate([np.full((n, 1), BOS), pairs, tail], axis=1)   # (n, length)
+        end = np.full(n, length - 1)                                        # the final <eos>
         return Examples.from_numpy(ids, key=2 * i + 1, value=2 * i + 2,
-                                   divider=np.full(n, length - 4), query=np.full(n, length - 3),
-                                   answer=np.full(n, length - 2))
+                                   divider=end - 3, query=end - 2, answer=end - 1)
 
     def other_token(self, kind: str, tokens: torch.Tensor, rng: Generator) -> torch.Tensor:
-        """Per token, a uniform *different* token of its kind ("key" or "value"): counterfactual."""
+        """Per token, a uniform *different* token of its kind, "key" or "value"."""
         first = {"key": self.first_key, "value": self.first_value}[kind]
         return other_than(tokens, first, self.n_keys, rng)
 
 
-# 2. Building blocks: the MLP, causal convolutions (short and long), the implicit filters' grid --
+# 2. Building blocks: the MLP, causal convolutions (short and long), the filters' grid -------
 class MLP(nn.Module):
-    """fc2(GELU(fc1(x))), a 4x hidden layer. Official implementation: zoology/mixers/mlp.py."""
+    """fc2(GELU(fc1(x))), 4x wide. Official implementation: zoology/mixers/mlp.py."""
 
     def __init__(self, d: int):
         super().__init__()
@@ -170,45 +150,44 @@ class MLP(nn.Module):
 
 
 class CausalConv1d(nn.Conv1d):
-    """The short convolution shared by BaseConv, Hyena, Mamba and DeltaNet: depthwise and causal,
-        y[t, j] = bias[j] + Σ_{i<k} w[j, i] · x[t - (k-1) + i, j]      (x before position 0 is 0):
-    nn.Conv1d(c, c, k, groups=c) over k-1 zeros and x, on (b, l, c) (official: on (b, c, l))."""
+    """The short convolution of BaseConv, Hyena, Mamba and DeltaNet, depthwise and causal,
+        y[t, j] = bias[j] + Σ_{i<k} w[j, i] · x[t - (k-1) + i, j],  x before position 0 = 0:
+    nn.Conv1d(c, c, k, groups=c) over k-1 zeros and x, on (b, l, c) (officially (b, c, l))."""
 
     def __init__(self, channels: int, width: int, bias: bool = True):
         super().__init__(channels, channels, width, groups=channels, bias=bias)
 
-    def forward(self, x):                                   # x: (b, l, c)
-        x = F.pad(x.transpose(1, 2), (self.kernel_size[0] - 1, 0))  # (b, c, k-1+l): zeros first
+    def forward(self, x):                                           # x: (b, l, c)
+        x = F.pad(x.transpose(1, 2), (self.kernel_size[0] - 1, 0))  # (b, c, k-1+l)
         return super().forward(x).transpose(1, 2)                   # (b, l, c)
 
 
 def short_conv(channels: int, width: int, bias: bool) -> nn.Module:
-    """A causal conv of this width, or for width 0 none at all (the paper's "conv removed")."""
+    """A causal conv of this width, or for width 0 none (the paper's "conv removed")."""
     return CausalConv1d(channels, width, bias) if width else nn.Identity()
 
 
 def causal_long_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Exact causal (linear, not circular) convolution with a filter as long as the sequence,
-        y[:, t, j] = Σ_{s<=t} k[j, t-s] · u[:, s, j],   u: (b, l, c), k: (c, l) -> (b, l, c),
-    a depthwise conv1d over l-1 zeros and u (it correlates: the filter flipped), the maths of the
-    official FFTs."""
-    x = F.pad(u.transpose(1, 2), (u.shape[1] - 1, 0))            # (b, c, 2l-1): zeros before 0
+    """Causal (linear, not circular) convolution with a filter as long as the sequence,
+        y[:, t, j] = Σ_{s<=t} k[j, t-s] · u[:, s, j],  u: (b, l, c), k: (c, l) -> (b, l, c),
+    the official FFTs' maths as a depthwise conv1d over l-1 zeros and u (with k flipped)."""
+    x = F.pad(u.transpose(1, 2), (u.shape[1] - 1, 0))            # (b, c, 2l-1)
     return F.conv1d(x, k.flip(-1)[:, None], groups=len(k)).transpose(1, 2)
 
 
 def filter_time_grid():
-    """The implicit filters' input z (L_MAX, 3), one band f = 1e-4 (in effect, normalised time):
-    z_j = [t_j, cos(2π f j / L_MAX), -sin(2π f j / L_MAX)], t_j = j / (L_MAX-1), returned as t."""
+    """The implicit filters' input z (L_MAX, 3), one band f = 1e-4, and t:
+    z_j = [t_j, cos(2π f j / L_MAX), -sin(2π f j / L_MAX)], t_j = j / (L_MAX-1)."""
     t = torch.linspace(0, 1, L_MAX)
     w = 2 * math.pi * torch.arange(L_MAX) / L_MAX * 1e-4
     return torch.stack([t, torch.cos(w), -torch.sin(w)], dim=-1), t
 
 
-# 3. The seven sequence mixers, each (b, l, d) -> (b, l, d) --------------------------------------
+# 3. The seven sequence mixers, each (b, l, d) -> (b, l, d) ---------------------------------
 class Attention(nn.Module):
-    """Causal softmax attention, y = out_proj(softmax(q kᵀ / √d_head + M) v) per head (1 in the
-    paper); Wqkv has no bias. Official implementation: aryamanarora/zoology,
-    zoology/mixers/attention.py (MHA). Differences: a -inf mask for -10000 (equal in fp32)."""
+    """Causal softmax attention per head (1 here), out_proj(softmax(q kᵀ/√d_h + M) v).
+    Official implementation: aryamanarora/zoology, zoology/mixers/attention.py (MHA).
+    Differences: a -inf mask for -10000 (equal in fp32)."""
 
     def __init__(self, d: int, n_head: int = 1):
         super().__init__()
@@ -219,20 +198,21 @@ class Attention(nn.Module):
     def forward(self, x):
         b, l, d = x.shape
         h = self.n_head
-        q, k, v = self.Wqkv(x).view(b, l, 3, h, d // h).permute(2, 0, 3, 1, 4)  # 3 x (b, h, l, d/h)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(d // h)                       # (b, h, l, l)
+        # q, k, v: (b, h, l, d/h) each
+        q, k, v = self.Wqkv(x).view(b, l, 3, h, d // h).permute(2, 0, 3, 1, 4)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(d // h)                 # (b, h, l, l)
         future = torch.ones(l, l, dtype=torch.bool, device=x.device).triu(1)
         att = scores.masked_fill(future, float("-inf")).softmax(dim=-1)
-        return self.out_proj((att @ v).transpose(1, 2).reshape(b, l, d))           # (b, l, d)
+        return self.out_proj((att @ v).transpose(1, 2).reshape(b, l, d))     # (b, l, d)
 
 
 class ImplicitLongConv(nn.Module):
-    """conv(u) = K * u + u, a length-l filter K[:, j] = MLP(z_j): Linear(3,16), ReLU, Linear(16,d).
+    """conv(u) = K * u + u, a length-l filter K[:, j] = MLP(z_j), MLP 3 -> 16 -> d with ReLU.
     Official implementation: zoology/mixers/convolution.py (ImplicitLongConvolution)."""
 
     def __init__(self, d: int):
         super().__init__()
-        self.register_buffer("z", filter_time_grid()[0], persistent=False)  # fixed input grid
+        self.register_buffer("z", filter_time_grid()[0], persistent=False)
         self.mlp = nn.Sequential(nn.Linear(3, 16), nn.ReLU(), nn.Linear(16, d))
 
     def forward(self, u):                                   # u: (b, l, d)
@@ -241,9 +221,8 @@ class ImplicitLongConv(nn.Module):
 
 
 class BaseConv(nn.Module):
-    """BaseConv, a gated convolution with its own skip: y = conv(u) ⊙ (W u + b) + u, where conv
-    is a short causal conv (width k) or, for width None, an implicit long conv.
-    Official implementation: aryamanarora/zoology, zoology/mixers/base_conv.py (BaseConv)."""
+    """BaseConv: y = conv(u) ⊙ (W u + b) + u, conv short and causal or (width None) implicit
+    and long. Official implementation: aryamanarora/zoology, zoology/mixers/base_conv.py."""
 
     def __init__(self, d: int, width: int | None):
         super().__init__()
@@ -255,12 +234,10 @@ class BaseConv(nn.Module):
 
 
 class TaylorLinearAttention(nn.Module):
-    """Based's linear attention: softmax attention with exp replaced by its 2nd-order Taylor series.
-    With φ(x) = [1, x / f^(1/4), vec(x xᵀ) / (√2 √f)] (f = feature_dim = 8)
-    and s = q·k / √f, φ(q)·φ(k) = 1 + s + s²/2, and causal normalised linear attention is
-        y_n = Σ_{m<=n} (φ(q_n)·φ(k_m)) v_m  /  (Σ_{m<=n} φ(q_n)·φ(k_m) + ε),
-    a fixed-size state (Σ φ(k) vᵀ, Σ φ(k)) in recurrence, trained in its "quadratic" form.
-    Official implementation: aryamanarora/zoology, zoology/mixers/based.py (Based, TaylorExp)."""
+    """Based's linear attention: exp(s), s = q·k/√f, becomes 1 + s + s²/2 = φ(q)·φ(k)
+    for φ(x) = [1, x/f^(1/4), vec(x xᵀ)/(√2 √f)], f = feature_dim; in quadratic form,
+        y_n = Σ_{m<=n} (φ(q_n)·φ(k_m)) v_m  /  (Σ_{m<=n} φ(q_n)·φ(k_m) + ε).
+    Official implementation: aryamanarora/zoology, zoology/mixers/based.py (TaylorExp)."""
 
     def __init__(self, d: int, feature_dim: int = 8, eps: float = 1e-12):
         super().__init__()
@@ -271,10 +248,10 @@ class TaylorLinearAttention(nn.Module):
         self.proj_o = nn.Linear(d, d, bias=False)
 
     def forward(self, x):
-        q, k, v = self.proj_q(x), self.proj_k(x), self.proj_v(x)  # (b, l, f), (b, l, f), (b, l, d)
-        s = q @ k.transpose(1, 2) / math.sqrt(self.feature_dim)   # (b, l, l)
-        A = (1 + s + s * s / 2).tril()                            # φ(q_n)·φ(k_m) for m <= n
-        return self.proj_o((A @ v) / (A.sum(-1, keepdim=True) + self.eps))  # proj_o of (b, l, d)
+        q, k, v = self.proj_q(x), self.proj_k(x), self.proj_v(x)
+        s = q @ k.transpose(1, 2) / math.sqrt(self.feature_dim)   # (b, l, f) -> (b, l, l)
+        A = (1 + s + s * s / 2).tril()                            # φ(q_n)·φ(k_m), m <= n
+        return self.proj_o((A @ v) / (A.sum(-1, keepdim=True) + self.eps))
 
 
 def polar(magnitude: torch.Tensor, angle: torch.Tensor) -> tuple:  # magnitude · e^(i angle)
@@ -282,88 +259,84 @@ def polar(magnitude: torch.Tensor, angle: torch.Tensor) -> tuple:  # magnitude �
 
 
 class H3(nn.Module):
-    """H3 ("Hungry Hungry Hippos") with d_state N = 1024 and head_dim p = 2 (H = d/p heads):
-        k' = K_shift * k + D_k ⊙ k                   shift SSM: a learned causal FIR filter on k
-        kv[i, j, h] = k'[h p + i] · v[h p + j]       per-head outer product
-        Y = K_diag,h * kv + D_h kv                   diagonal SSM (S4D), one kernel per head
-        out[j, h] = Σ_i q[h p + i] · Y[i, j, h]      read-out; channel j H + h, then output_linear
-    K_shift cross-correlates two learned vectors (B = e_1 at init); S4D, bilinear discretisation:
-        dA = (1 + ΔA/2)/(1 - ΔA/2),   C' = B C Δ/(1 - ΔA/2),   K[t] = 2 Re Σ_n C'_n dA_n^t.
-    Official implementation: aryamanarora/zoology, zoology/mixers/h3/ (h3.py, ss_kernel_shift.py,
-    ss_kernel_diag.py; "diag-lin" init: A = -1/2 + iπn, B = 1, C ~ CN(0, 1), Δ ~ logU[1e-3, 0.1]).
-    Differences: both long convolutions are direct (conv1d), not FFTs (the same maths)."""
+    """H3 with d_state N = 1024 and head_dim p = 2 (H = d/p heads):
+        k' = K_shift * k + D_k ⊙ k                 shift SSM: a learned causal filter
+        kv[i, j, h] = k'[h p + i] · v[h p + j]     per-head outer product
+        Y = K_diag,h * kv + D_h kv                 diagonal SSM (S4D), a kernel per head
+        out[j H + h] = Σ_i q[h p + i] · Y[i, j, h]
+    Official implementation: aryamanarora/zoology, zoology/mixers/h3/ (h3.py, ss_kernel_*.py;
+    "diag-lin" init). Differences: direct long convolutions, not FFTs (the same maths)."""
 
     def __init__(self, d: int, d_state: int = L_MAX, head_dim: int = 2):
         super().__init__()
         self.p, self.H, N = head_dim, d // head_dim, d_state
-        self.q_proj, self.k_proj, self.v_proj = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
-        # shift SSM on k: B_shift = e_1, C_shift ~ U(±1/√N) (kaiming-uniform), D_k ~ N(0, 1)
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d, d) for _ in range(3))
+        bound = 1 / math.sqrt(N)  # shift SSM on k: B = e_1, C kaiming-uniform, D_k ~ N(0, 1)
         self.shift_B = nn.Parameter(F.one_hot(torch.zeros(d, dtype=torch.long), N).float())
-        self.shift_C = nn.Parameter(torch.empty(d, N).uniform_(-1 / math.sqrt(N), 1 / math.sqrt(N)))
+        self.shift_C = nn.Parameter(torch.empty(d, N).uniform_(-bound, bound))
         self.shift_D = nn.Parameter(torch.randn(d))
-        H, M = self.H, N // 2  # diagonal SSM: M = N/2 complex modes per head, as (..., 2) reals
+        H, M = self.H, N // 2  # diagonal SSM: M = N/2 complex modes, as (..., 2) reals
         self.log_dt = nn.Parameter(torch.empty(H).uniform_(math.log(1e-3), math.log(1e-1)))
-        self.inv_A_real = nn.Parameter(torch.full((H, M), math.log(0.5)))         # Re A = -exp(.)
+        self.inv_A_real = nn.Parameter(torch.full((H, M), math.log(0.5)))  # Re A = -exp(.)
         self.A_imag = nn.Parameter(math.pi * torch.arange(M).float().repeat(H, 1))
-        self.B = nn.Parameter(torch.view_as_real(torch.ones(H, M, dtype=torch.cfloat)).clone())
-        self.C = nn.Parameter(torch.view_as_real(torch.randn(H, M, dtype=torch.cfloat)).clone())
+        B, C = torch.ones(H, M, dtype=torch.cfloat), torch.randn(H, M, dtype=torch.cfloat)
+        self.B = nn.Parameter(torch.view_as_real(B).clone())  # (H, M, 2)
+        self.C = nn.Parameter(torch.view_as_real(C).clone())
         self.D = nn.Parameter(torch.randn(H))
         self.output_linear = nn.Linear(d, d)
 
     def shift_kernel(self, l):
-        """(d, l): K[:, t] = Σ_j B[:, j] C[:, j + t], a cross-correlation by FFT, zero-padded to
-        2N so that the wrap-around adds nothing; 0 past lag N-1."""
+        """(d, l): K[:, t] = Σ_j B[:, j] C[:, j + t] by FFT, padded to 2N: no wrap-around."""
         n = 2 * self.shift_B.shape[1]
         B, C = torch.fft.rfft(self.shift_B, n=n), torch.fft.rfft(self.shift_C, n=n)
         K = torch.fft.irfft(B.conj() * C, n=n)[:, :min(l, n // 2)]
         return F.pad(K, (0, max(0, l - n // 2)))
 
     def diag_kernel(self, l):
-        """(H, l): S4D with bilinear discretisation, plainly K[t] = 2 Re Σ_n C'_n dA_n^t (its
-        (H, N/2, l) table of powers makes H3's training step 1.8-2.5x slower, CPU, 1 thread). With
-        t = s j + i, s ≈ √l: K[s j + i] = 2 Re Σ_n (C'_n dA_n^(s j)) dA_n^i, one matmul per head
-        over two tables of √l powers |dA|^t (cos tθ + i sin tθ), θ = arg dA."""
-        dt = self.log_dt.exp()[:, None]                                         # (H, 1)
-        dtA = torch.complex(-self.inv_A_real.exp(), self.A_imag) * dt           # ΔA: (H, N/2)
+        """(H, l): S4D, bilinear: dA = (1 + ΔA/2)/(1 - ΔA/2), C' = B C Δ/(1 - ΔA/2),
+        K[t] = 2 Re Σ_n C'_n dA_n^t. For t = s j + i, s ≈ √l, a matmul of two tables
+        of √l powers, Σ_n (C'_n dA_n^(s j)) dA_n^i (a table of l is 1.8-2.5x slower)."""
+        dt = self.log_dt.exp()[:, None]                                     # (H, 1)
+        dtA = torch.complex(-self.inv_A_real.exp(), self.A_imag) * dt       # ΔA: (H, N/2)
         dA = (1 + dtA / 2) / (1 - dtA / 2)
         C = torch.view_as_complex(self.B) * torch.view_as_complex(self.C) * dt / (1 - dtA / 2)
         s = math.isqrt(l - 1) + 1
-        log_r, theta = dA.abs().log()[..., None], dA.angle()[..., None]          # (H, N/2, 1)
-        small = torch.arange(s, device=dt.device)                                # i < s
-        big = s * torch.arange(-(-l // s), device=dt.device)                     # s j, j < l / s
-        small_re, small_im = polar(torch.exp(small * log_r), small * theta)      # dA^i
-        big_re, big_im = polar(torch.exp(big * log_r), big * theta)              # dA^(s j)
+        log_r, theta = dA.abs().log()[..., None], dA.angle()[..., None]     # (H, N/2, 1)
+        small = torch.arange(s, device=dt.device)                           # i < s
+        big = s * torch.arange(-(-l // s), device=dt.device)                # s j, j < l / s
+        small_re, small_im = polar(torch.exp(small * log_r), small * theta)  # dA^i
+        big_re, big_im = polar(torch.exp(big * log_r), big * theta)          # dA^(s j)
         Cr, Ci = C.real[..., None], C.imag[..., None]
-        X_re, X_im = Cr * big_re - Ci * big_im, Cr * big_im + Ci * big_re        # C dA^(s j)
-        K = 2 * (X_re.transpose(1, 2) @ small_re - X_im.transpose(1, 2) @ small_im)  # (H, l/s, s)
-        return K.flatten(1)[:, :l]
+        X_re, X_im = Cr * big_re - Ci * big_im, Cr * big_im + Ci * big_re   # C dA^(s j)
+        K = 2 * (X_re.transpose(1, 2) @ small_re - X_im.transpose(1, 2) @ small_im)
+        return K.flatten(1)[:, :l]                                          # (H, l)
 
     def forward(self, u):
         b, l, d = u.shape
         p, H = self.p, self.H
-        q, k, v = self.q_proj(u), self.k_proj(u), self.v_proj(u)              # (b, l, d) each
+        q, k, v = self.q_proj(u), self.k_proj(u), self.v_proj(u)            # (b, l, d) each
         k = causal_long_conv(k, self.shift_kernel(l)) + self.shift_D * k
-        # (b, l, p, H), heads last and contiguous: with p = 2 innermost, elementwise ops would crawl
+        # (b, l, p, H): heads last and contiguous, for fast elementwise ops
         q, k, v = (x.view(b, l, H, p).transpose(2, 3).contiguous() for x in (q, k, v))
-        kv = k[:, :, :, None] * v[:, :, None]                                 # (b, l, p_i, p_j, H)
-        # one S4D kernel per head, shared by its p x p products: fold (i, j) into the batch
-        kv_h = kv.permute(0, 2, 3, 1, 4).reshape(b * p * p, l, H)             # (b p p, l, H)
-        Y = causal_long_conv(kv_h, self.diag_kernel(l)).view(b, p, p, l, H).permute(0, 3, 1, 2, 4)
-        Y = Y + self.D * kv                                                   # (b, l, p_i, p_j, H)
-        y = (q[:, :, :, None] * Y).sum(2)                                     # (b, l, p_j, H)
-        return self.output_linear(y.reshape(b, l, d))                         # channel j H + h
+        kv = k[:, :, :, None] * v[:, :, None]                               # (b, l, p, p, H)
+        # a head's S4D kernel serves its p x p products: fold (i, j) into the batch
+        kv_h = kv.permute(0, 2, 3, 1, 4).reshape(b * p * p, l, H)           # (b p p, l, H)
+        Y = causal_long_conv(kv_h, self.diag_kernel(l))
+        Y = Y.view(b, p, p, l, H).permute(0, 3, 1, 2, 4) + self.D * kv      # (b, l, p, p, H)
+        y = (q[:, :, :, None] * Y).sum(2)                                   # (b, l, p, H)
+        return self.output_linear(y.reshape(b, l, d))                       # channel j H + h
 
 
 class HyenaFilter(nn.Module):
-    """Hyena's implicit long filter h (d, l): an MLP of the time grid z with sine activations,
-        h[:, j] = Linear(64, d)(Sin(Linear(64, 64)(Sin(Linear(64, 64)(Sin(Linear(3, 64)(z_j)))))))
-    with Sin(x) = sin(ω x) (one ω ∈ R^64 for all three, init 1), then exponentially decayed,
-        h[c, j] *= exp(-t_j |δ_c|),   δ = linspace(ln(0.01)/1.5, ln(0.01)/0.3, d)."""
+    """Hyena's implicit long filter h (d, l), an MLP of the time grid z with sine activations,
+        h[:, j] = out(Sin(lin3(Sin(lin2(Sin(lin1(z_j))))))),   Sin(x) = sin(ω x),
+    decayed: h[c, j] *= exp(-t_j |δ_c|), δ = linspace(ln(0.01)/1.5, ln(0.01)/0.3, d).
+    Official implementation: aryamanarora/zoology, zoology/mixers/hyena.py (Filter)."""
 
     def __init__(self, d: int, order: int = 64):
         super().__init__()
         z, t = filter_time_grid()
-        self.z = nn.Parameter(z)  # trainable, as officially (its tiny-LR hint was ignored there)
+        self.z = nn.Parameter(z)  # trainable, as officially
         self.register_buffer("t", t, persistent=False)
         deltas = torch.linspace(math.log(1e-2) / 1.5, math.log(1e-2) / 0.3, d)
         self.register_buffer("deltas", deltas, persistent=False)
@@ -379,11 +352,11 @@ class HyenaFilter(nn.Module):
 
 
 class Hyena(nn.Module):
-    """Hyena of order 2 (1 head):
-        x1, x2, v = split(short_conv_3(in_proj(u)))         width-3 causal conv on all 3d channels
-        v = x2 ⊙ (h * (x1 ⊙ v) + D ⊙ (x1 ⊙ v));   y = out_proj(v)  implicit filter h, skip D
-    Official implementation: aryamanarora/zoology, zoology/mixers/hyena.py (Hyena, Filter).
-    Quirk: the official bias=False, passed to the Filter, zeroes D; --no-hyena-d-skip does too."""
+    """Hyena of order 2 (1 head), with h the implicit filter and D a skip:
+        x1, x2, v = split(short_conv_3(in_proj(u)))      a width-3 conv on all 3d channels
+        v = x2 ⊙ (h * (x1 ⊙ v) + D ⊙ (x1 ⊙ v));   y = out_proj(v)
+    Official implementation: aryamanarora/zoology, zoology/mixers/hyena.py (Hyena).
+    Quirk: the official bias=False zeroes D; so does --no-hyena-d-skip."""
 
     def __init__(self, d: int, d_skip: bool = True, filter_order: int = 64):
         super().__init__()
@@ -405,28 +378,28 @@ def at_least_fp32(x):
     return None if x is None else x.to(torch.promote_types(x.dtype, torch.float32))
 
 
-def selective_scan_ref(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False):
-    """Mamba's selective scan as a loop over time in fp32 (or fp64), with the semantics of
-    mamba-ssm's selective_scan_ref (mamba_ssm/ops/selective_scan_interface.py) in Mamba's form:
-        u, delta, z: (b, c, l)   A: (c, n)   B, C: (b, n, l)   D, delta_bias: (c,)   -> (b, c, l)
+def selective_scan_ref(u, delta, A, B, C, D=None, z=None, delta_bias=None,
+                       delta_softplus=False):
+    """Mamba's selective scan, a loop over time in fp32 (or fp64), as mamba-ssm's
+    selective_scan_ref (mamba_ssm/ops/selective_scan_interface.py) for Mamba's uses:
+        u, delta, z: (b, c, l)  A: (c, n)  B, C: (b, n, l)  D, delta_bias: (c,)  -> (b, c, l)
         Δ = softplus(delta + delta_bias)   (softplus only if delta_softplus)
-        h_t = exp(Δ_t A) ⊙ h_{t-1} + Δ_t u_t B_t          h_{-1} = 0, state (b, c, n)
-        y_t = C_t · h_t + D u_t;   out = y ⊙ SiLU(z)         (the latter if z is given)
-    (c: the channels, Mamba's d_inner.) Upstream's reference also takes B and C grouped or constant
-    over time and can return the last state; Mamba uses none of these, so neither does this one."""
+        h_t = exp(Δ_t A) ⊙ h_{t-1} + Δ_t u_t B_t,   h_{-1} = 0,   state (b, c, n)
+        y_t = C_t · h_t + D u_t;   out = y ⊙ SiLU(z)   (if z is given)"""
     dtype = u.dtype
-    u, delta, A, B, C, D, z, delta_bias = map(at_least_fp32, (u, delta, A, B, C, D, z, delta_bias))
+    u, delta, A, B, C, D, z, delta_bias = map(at_least_fp32,
+                                              (u, delta, A, B, C, D, z, delta_bias))
     if delta_bias is not None:
         delta = delta + delta_bias[:, None]
     if delta_softplus:
-        delta = F.softplus(delta)                                   # threshold 20, as upstream
-    decay = torch.exp(delta[..., None] * A[:, None, :])             # (b, c, l, n): exp(Δ_t A)
-    write = (delta * u)[..., None] * B.transpose(1, 2)[:, None]     # (b, c, l, n): Δ_t u_t B_t
-    h, ys = u.new_zeros(*u.shape[:2], A.shape[1]), []               # state (b, c, n), outputs
-    # unbind, not [:, :, t]: the backward of indexing builds a full-size zero tensor at every step
+        delta = F.softplus(delta)                                  # threshold 20, as upstream
+    decay = torch.exp(delta[..., None] * A[:, None, :])            # (b, c, l, n): exp(Δ_t A)
+    write = (delta * u)[..., None] * B.transpose(1, 2)[:, None]    # Δ_t u_t B_t
+    h, ys = u.new_zeros(*u.shape[:2], A.shape[1]), []              # state (b, c, n), outputs
+    # unbind, not [:, :, t]: indexing's backward builds a full-size zero tensor every step
     for decay_t, write_t, C_t in zip(decay.unbind(2), write.unbind(2), C.unbind(2)):
         h = decay_t * h + write_t
-        ys.append((h * C_t[:, None]).sum(-1))                      # C_t: (b, n) for every channel
+        ys.append((h * C_t[:, None]).sum(-1))                      # C_t: (b, n)
     y = torch.stack(ys, dim=-1) if ys else u.new_zeros(u.shape)    # (b, c, l)
     if D is not None:
         y = y + D[:, None] * u
@@ -440,31 +413,29 @@ SCAN_BACKENDS = ("auto", "ext", "ref")  # "ref" the loop above, "ext" scan_ext/'
 
 def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
                    backend="auto"):
-    """selective_scan_ref's maths on a backend: "ref" the loop above (the oracle), "ext" scan_ext/'s
-    compiled C++/CUDA kernel (an error if it cannot be built), "auto" the kernel, else the loop."""
+    """selective_scan_ref's maths on a backend: "ref" the loop, "ext" scan_ext/'s C++/CUDA
+    kernel (an error if it cannot be built), "auto" the kernel if it builds, else the loop."""
     if backend not in SCAN_BACKENDS:
         raise ValueError(f"selective_scan: unknown backend {backend!r}; "
                          f"choose from {', '.join(SCAN_BACKENDS)}")
     args = (u, delta, A, B, C, D, z, delta_bias, delta_softplus)
-    kernel = None if backend == "ref" else scan_ext.kernel(u.device, required=backend == "ext")
-    if kernel:  # None where it cannot be built
+    required = backend == "ext"
+    kernel = None if backend == "ref" else scan_ext.kernel(u.device, required=required)
+    if kernel:
         return kernel(*args)
     return selective_scan_ref(*args)
 
 
 class Mamba(nn.Module):
-    """Mamba (selective SSM), d_state N = 16, expand E = 2 (d_inner = 2d), dt_rank R = ceil(d/16):
-        x, z = split(in_proj(u))                   (b, l, d_inner) each
-        x = SiLU(conv(x))                          short causal conv of width d_conv (0 = none)
-        δ, B, C = split(x_proj(x))                 (b, l, R), (b, l, N), (b, l, N)
-        Δ = softplus(dt_proj(δ))                   (b, l, d_inner)
-        y = selective_scan(x, Δ, A = -exp(A_log), B, C, D) ⊙ SiLU(z);   out = out_proj(y)
-    d_conv is the paper's ablation knob: 4 by default, 0 removes the conv (SiLU kept), 1 is a
-    per-channel scale and bias. conv_out, an identity on the conv's output (before SiLU), is where
-    section 6 patches the conv (the paper's v3 conv-internal patching). Official implementation:
-    state-spaces/mamba, mamba_ssm/modules/mamba_simple.py (Mamba, 2.2.4); the conv ablations
-    aryamanarora/tinylang, tinylang/model/arch/mamba.py. Differences: no conv parameters at all
-    when d_conv = 0."""
+    """Mamba (selective SSM), d_state N = 16, d_inner = E d = 2d, dt_rank R = ceil(d/16):
+        x, z = split(in_proj(u))                 (b, l, d_inner) each
+        x = SiLU(conv(x))                        short causal conv, width d_conv (0 = none)
+        δ, B, C = split(x_proj(x))               (b, l, R), (b, l, N), (b, l, N)
+        y = selective_scan(x, softplus(dt_proj(δ)), A = -exp(A_log), B, C, D) ⊙ SiLU(z)
+    and out = out_proj(y). Section 6 patches the conv at conv_out (the paper's v3).
+    Official implementation: state-spaces/mamba, mamba_ssm/modules/mamba_simple.py (2.2.4);
+    for d_conv, aryamanarora/tinylang, tinylang/model/arch/mamba.py. Differences: no conv
+    parameters at all when d_conv = 0."""
 
     def __init__(self, d: int, d_conv: int = 4, d_state: int = 16, expand: int = 2,
                  scan: str = "auto", dt_min: float = 1e-3, dt_max: float = 0.1):
@@ -474,17 +445,16 @@ class Mamba(nn.Module):
         self.in_proj = nn.Linear(d, 2 * d_in, bias=False)
         self.conv1d = short_conv(d_in, d_conv, bias=True)
         self.conv_out = nn.Identity()
-        self.sites = {"conv_output": "conv_out"} if d_conv else {}  # section 6's site of its own
+        self.sites = {"conv_output": "conv_out"} if d_conv else {}  # section 6's extra site
         self.x_proj = nn.Linear(d_in, R + 2 * N, bias=False)
         self.dt_proj = nn.Linear(R, d_in, bias=True)
         self.out_proj = nn.Linear(d_in, d, bias=False)
-        # Mamba's own init: Δ log-uniform in [dt_min, dt_max] (softplus⁻¹ of it as the bias), A
-        # S4D-real (A_n = -(n+1)), D = 1. The generic re-init (init_weights) skips dt_proj.bias.
+        # Mamba's init (init_weights skips dt_proj.bias): Δ log-uniform, S4D-real A, D = 1
         nn.init.uniform_(self.dt_proj.weight, -R ** -0.5, R ** -0.5)
-        dt = torch.exp(torch.rand(d_in) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
-        dt = dt.clamp(min=1e-4)
-        self.dt_proj.bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus⁻¹(dt)
-        self.A_log = nn.Parameter(torch.log(torch.arange(1, N + 1.0)).repeat(d_in, 1))  # (d_in, N)
+        dt = torch.exp(torch.rand(d_in) * (math.log(dt_max) - math.log(dt_min))
+                       + math.log(dt_min)).clamp(min=1e-4)
+        self.dt_proj.bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus⁻¹
+        self.A_log = nn.Parameter(torch.log(torch.arange(1, N + 1.0)).repeat(d_in, 1))
         self.D = nn.Parameter(torch.ones(d_in))
 
     def forward(self, u):
@@ -500,35 +470,32 @@ class Mamba(nn.Module):
 
 
 def delta_rule(q, k, v, beta):
-    """The delta rule, computed for the whole sequence at once:
-        S_t = S_{t-1} + β_t k_t (v_t - S_{t-1}ᵀ k_t)ᵀ,   o_t = S_tᵀ q_t,   S_0 = 0.
-    Writing S_t = Σ_{s<=t} k_s u_sᵀ, the values actually written, and the outputs, are
+    """The delta rule S_t = S_{t-1} + β_t k_t (v_t - S_{t-1}ᵀ k_t)ᵀ, o_t = S_tᵀ q_t,
+    S_0 = 0, in FLA's chunked (WY) form with one chunk: S_t = Σ_{s<=t} k_s u_sᵀ, where
         u_t = β_t (v_t - Σ_{s<t} (k_t·k_s) u_s),     o_t = Σ_{s<=t} (q_t·k_s) u_s,
-    the u a unit lower-triangular linear system (I + tril(β k kᵀ, -1)) U = β V, solved exactly.
-    q, k: (..., l, d_k), v: (..., l, d_v), beta: (..., l) -> (..., l, d_v). FLA's chunked (WY)
-    form with one chunk: the per-step loop (the tests' oracle) makes DeltaNet's training step
-    1.8-2.5x slower (CPU, 1 thread)."""
+    (I + tril(β k kᵀ, -1)) U = β V solved exactly (a per-step loop, the tests' oracle, is
+    1.8-2.5x slower). q, k: (..., l, d_k), v: (..., l, d_v), beta: (..., l) -> like v."""
     l = q.shape[-2]
     ones = torch.ones(l, l, dtype=torch.bool, device=q.device)
-    M = (beta[..., None] * (k @ k.transpose(-2, -1))).masked_fill(~ones.tril(-1), 0)  # (..., l, l)
+    M = (beta[..., None] * (k @ k.transpose(-2, -1))).masked_fill(~ones.tril(-1), 0)
     M = M + torch.eye(l, device=q.device, dtype=q.dtype)
     U = torch.linalg.solve_triangular(M, beta[..., None] * v, upper=False, unitriangular=True)
     return (q @ k.transpose(-2, -1)).masked_fill(~ones.tril(), 0) @ U
 
 
 class DeltaNet(nn.Module):
-    """DeltaNet (added in the paper's v3): linear attention with a delta-rule fast-weight state.
-        q, k, v = SiLU(conv(W_q x)), SiLU(conv(W_k x)), SiLU(conv(W_v x))   short convs, no bias
-        q, k = q/‖q‖, k/‖k‖;   β = sigmoid(W_β x)                             per head
+    """DeltaNet (the paper's v3): linear attention with a delta-rule fast-weight state,
+        q, k, v = SiLU(conv(W_q x)), SiLU(conv(W_k x)), SiLU(conv(W_v x))
+        q, k = q/‖q‖, k/‖k‖;   β = sigmoid(W_β x)   (per head)
         o = delta_rule(q / √d_k, k, v, β);   y = o_proj(RMSNorm(o))
-    Official implementation: fla-org/flash-linear-attention, fla/layers/delta_net.py (DeltaNet with
-    its defaults: use_beta, short conv 4, silu q/k activation, l2 q/k norm, no gate).
-    Differences: fp32 (v3 code casts to bf16 for Triton); an exact triangular solve, no Triton."""
+    Official implementation: fla-org/flash-linear-attention, fla/layers/delta_net.py (its
+    defaults). Differences: fp32, not bf16 for Triton; an exact triangular solve."""
 
     def __init__(self, d: int, n_head: int = 1, d_conv: int = 4):
         super().__init__()
         self.n_head = n_head
-        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d, d, bias=False) for _ in range(3))
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d, d, bias=False)
+                                                 for _ in range(3))
         self.b_proj = nn.Linear(d, n_head, bias=False)
         self.q_conv1d, self.k_conv1d, self.v_conv1d = (short_conv(d, d_conv, bias=False)
                                                        for _ in range(3))
@@ -538,9 +505,9 @@ class DeltaNet(nn.Module):
     def forward(self, x):
         b, l, d = x.shape
         h = self.n_head
-        q, k, v = (F.silu(conv(proj(x))).view(b, l, h, d // h).transpose(1, 2)  # (b, h, l, d/h)
-                   for proj, conv in ((self.q_proj, self.q_conv1d), (self.k_proj, self.k_conv1d),
-                                      (self.v_proj, self.v_conv1d)))
+        q = F.silu(self.q_conv1d(self.q_proj(x))).view(b, l, h, d // h).transpose(1, 2)
+        k = F.silu(self.k_conv1d(self.k_proj(x))).view(b, l, h, d // h).transpose(1, 2)
+        v = F.silu(self.v_conv1d(self.v_proj(x))).view(b, l, h, d // h).transpose(1, 2)
         q, k = (y * torch.rsqrt((y * y).sum(-1, keepdim=True) + 1e-6) for y in (q, k))
         beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)               # (b, h, l)
         o = delta_rule(q * (d // h) ** -0.5, k, v, beta)                    # (b, h, l, d/h)
