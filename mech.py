@@ -1071,37 +1071,31 @@ def progress(point: dict, total: int, rate: float, min_effect: float) -> str:
             f"{(total - point['step']) / rate / 60:5.1f} min")
 
 
-# 6. Interventions: the mechanistic evaluation ---------------------------------------------------
-# An interchange intervention asks where the information that decides the answer lives: corrupt
-# one token (the Key: another key instead), so the model no longer knows which value to return;
-# run the corrupted document, but at one site (e.g. the residual stream entering layer i) and one
-# position put back the clean run's activation; see how much of p(answer) at the Query comes back,
+# 6. Interventions: the mechanistic evaluation -----------------------------------------------
+# An interchange intervention asks where the information that decides the answer lives:
+# corrupt the Key (another key in its place) and run the document again, but at one site (e.g.
+# the residual stream into layer i) and one position put back the clean run's activation. The
+# share of p(answer) that comes back is
 #     Attrib = (mean p_patched - mean p_corrupted) / (mean p_clean - mean p_corrupted)
-# At the input of the last layer of a 2-layer model, Attrib@Value ≈ 1 means layer 0 already wrote
-# "this value follows that key" at the Value position, and the last layer matches the Query
-# against it: induction. Attrib@Query ≈ 1 means layer 0 already retrieved the answer at the last
-# position; Attrib@Key ≈ 1 that the last layer itself reads the key's position.
+# At the last layer's input, Attrib@Value ≈ 1 is induction (earlier layers stored "this value
+# follows that key" at the Value; the last matches the Query against it); @Query ≈ 1: the
+# answer was retrieved already; @Key ≈ 1: the last layer reads the Key's position itself.
 # Official implementation: aryamanarora/tinylang, tinylang/eval/interchange.py (with pyvene).
 SITES = {  # site -> (module inside blocks[i], hook on its input "in" or its output "out")
-    "block_input": ("", "in"), "block_output": ("", "out"),  # residual stream: into, out of block i
-    "mixer_input": ("mixer", "in"), "mixer_output": ("mixer", "out"),  # normed in; before the add
-    "mlp_input": ("mlp", "in"), "mlp_output": ("mlp", "out")}  # block_output[i] = block_input[i+1]
-# A mixer adds sites of its own by a dict `sites` {site: its submodule whose output is patched}:
-# Mamba's {"conv_output": "conv_out"}, its short conv's output before SiLU (d_inner wide).
-POSITIONS = ("key", "value", "value+1", "value+2", "divider", "query")  # value+1 is AR's "next key"
-# Value+1 / Value+2 can be the divider / the Query (AR: the last pair; ATR: often, a parent ends
-# its sentence), where patching them is patching those: their cells average only the documents
-# where they are not.
-MAIN = ("block_input", "key")  # the paper's main setting: the last layer's input, Key corrupted
-# The paper's filters for its mechanism plots: below this effect (mean p_clean - mean p_corrupted),
-# a run's Attribs are ratios of noise.
+    "block_input": ("", "in"), "block_output": ("", "out"),  # the residual stream
+    "mixer_input": ("mixer", "in"), "mixer_output": ("mixer", "out"),  # before the add
+    "mlp_input": ("mlp", "in"), "mlp_output": ("mlp", "out")}
+# A mixer may add sites, a dict `sites` {site: its submodule whose output is patched}: Mamba's
+# {"conv_output": "conv_out"}, its short conv's output.
+POSITIONS = ("key", "value", "value+1", "value+2", "divider", "query")
+# Value+1 (in AR the next key) or Value+2 may be the divider or the Query: their cells average
+# only the documents where they are not.
+# Below this effect (mean p_clean - mean p_corrupted) the paper leaves a run out of its
+# mechanism plots: its Attribs would be ratios of noise.
 PAPER_FILTER = {"ar": 0.01, "atr": 0.1}
-# The verdict in words asks for the ATR filter on both tasks, an effect of 0.1 of p(answer): on
-# 320 test documents the AR filter's 0.01 is about three documents' worth of p(answer), too little
-# to name a mechanism in words.
+# The verdict in words asks more on both tasks: AR's 0.01 is about 3 documents in 320.
 VERDICT_MIN_EFFECT = 0.1
-# An Attrib of at least 0.6, with the other two at most 1 - 0.6 = 0.4, names the mechanism: the
-# named position restores at least 1.5 times as much as any other, and no two can be named.
+# The named position restores at least 0.6 and the others at most 0.4: 1.5 times any other.
 VERDICT_DOMINANT = 0.6
 
 
@@ -1112,14 +1106,13 @@ def positions(data: Examples, name: str) -> torch.Tensor:
 
 
 def distinct(data: Examples, name: str) -> torch.Tensor:
-    """(n,) bool: the documents where position `name` is a place of its own (no other named one)."""
+    """(n,) bool: the documents where position `name` is no other named position."""
     return torch.stack([positions(data, name) != data.pos[p]
                         for p in POSITIONS if "+" not in p and p != name]).all(0)
 
 
 def site_paths(block: Block) -> dict:
-    """{site: (module path inside the block, "in" or "out")}: SITES but an absent MLP (Mamba's),
-    then the mixer's own sites."""
+    """{site: (path in the block, "in" or "out")}: SITES but an absent MLP's, the mixer's."""
     paths = {site: where for site, where in SITES.items()
              if where[0] != "mlp" or block.mlp is not None}
     return paths | {site: ("mixer." + path, "out")
@@ -1128,13 +1121,12 @@ def site_paths(block: Block) -> dict:
 
 def sites_of(model: LanguageModel) -> list:
     """The (site, layer)s of this model."""
-    return [(site, layer) for layer, block in enumerate(model.blocks) for site in site_paths(block)]
+    return [(site, layer) for layer, block in enumerate(model.blocks)
+            for site in site_paths(block)]
 
 
 def intervene(model: LanguageModel, site: str, layer: int, fn):
-    """Run the model with fn(activation) -> activation at (site, layer); `with intervene(...):`
-    removes the hook on the way out (so does handle.remove()). Activations are (b, l, width); fn
-    may read them (and return them unchanged) or edit a copy."""
+    """Hook act = fn(act) (act: b, l, width) on (site, layer); `with` or .remove() ends it."""
     path, side = site_paths(model.blocks[layer])[site]
     module = model.blocks[layer].get_submodule(path)
     if side == "in":
@@ -1158,32 +1150,34 @@ def p_answer(model: LanguageModel, data: Examples, ids=None) -> torch.Tensor:
     return logits.softmax(-1)[torch.arange(len(data), device=logits.device), data.answer]
 
 
-def corrupt(task, data: Examples, what: str, rng: Generator, value_corruption: str = "value"):
-    """ids with pos[what]'s token replaced by another of its kind (officially, a Value by a key)."""
+def corrupt(task, data: Examples, what: str, rng: Generator,
+            value_corruption: str = "value"):
+    """ids with pos[what]'s token replaced by another of its kind (see --value-corruption)."""
     rows, pos = torch.arange(len(data), device=data.ids.device), data.pos[what]
     kind = "key" if what == "key" or value_corruption == "key" else "value"
     return data.ids.index_put((rows, pos), task.other_token(kind, data.ids[rows, pos], rng))
 
 
 @torch.no_grad()
-def interchange(model: LanguageModel, task, data: Examples, corrupted: str = "key", seed: int = 0,
-                value_corruption: str = "value", batch_size: int = 64, cells=None) -> list:
-    """Patch each (site, layer, position) cell (default: all) of the corrupted run with the clean
-    run's activation -> rows: means over the n documents where the position is distinct, each
-    document corrupted once (from `seed`)."""
+def interchange(model: LanguageModel, task, data: Examples, corrupted: str = "key",
+                seed: int = 0, value_corruption: str = "value", batch_size: int = 64,
+                cells=None) -> list:
+    """A row per (site, layer, position) cell (default: all): means over the documents where
+    its position is distinct, each corrupted once."""
     was_training = model.training
     model.eval()
     rng = rng_for(seed, f"corrupt-{corrupted}")
     if cells is None:
         cells = [(site, layer, p) for site, layer in sites_of(model) for p in POSITIONS]
-    clean, corr, patch = [], [], {cell: [] for cell in cells}  # p(answer) per batch
+    clean, corr = [], []  # p(answer) per batch
+    patch = {cell: [] for cell in cells}
     for i in range(0, len(data), batch_size):
         batch = data[i:i + batch_size].trim()
         bad_ids = corrupt(task, batch, corrupted, rng, value_corruption)
-        cache, rows = {}, torch.arange(len(batch), device=batch.ids.device)  # clean activations
+        cache, rows = {}, torch.arange(len(batch), device=batch.ids.device)
         hooks = [intervene(model, site, layer, recorded(cache, (site, layer)))
                  for site, layer in dict.fromkeys((site, layer) for site, layer, _ in cells)]
-        clean.append(p_answer(model, batch).double())  # one clean run records every site patched
+        clean.append(p_answer(model, batch).double())  # records the clean activations
         for hook in hooks:
             hook.remove()
         corr.append(p_answer(model, batch, bad_ids).double())
@@ -1192,52 +1186,54 @@ def interchange(model: LanguageModel, task, data: Examples, corrupted: str = "ke
             with intervene(model, site, layer, patched(pos, cache[site, layer][rows, pos])):
                 patch[site, layer, p].append(p_answer(model, batch, bad_ids).double())
     model.train(was_training)
-    clean, corr, out = torch.cat(clean), torch.cat(corr), []  # (n,) per document
-    mask = {p: distinct(data, p) for p in POSITIONS}  # the documents where p is a place of its own
+    clean, corr = torch.cat(clean), torch.cat(corr)  # (n,) per document
+    mask = {p: distinct(data, p) for p in POSITIONS}
+    out = []
     for (site, layer, p), ps in patch.items():
         m = mask[p]
-        p_clean, p_corr, p_patch = (x[m].mean().item() for x in (clean, corr, torch.cat(ps)))
-        effect = p_clean - p_corr or math.nan  # no effect (or no document): Attrib is undefined
-        out.append(dict(corrupted=corrupted, site=site, layer=layer, position=p, n=int(m.sum()),
-                        p_clean=p_clean, p_corr=p_corr, p_patch=p_patch,
+        p_clean = clean[m].mean().item()
+        p_corr = corr[m].mean().item()
+        p_patch = torch.cat(ps)[m].mean().item()
+        effect = p_clean - p_corr or math.nan  # no effect (or no document): undefined
+        out.append(dict(corrupted=corrupted, site=site, layer=layer, position=p,
+                        n=int(m.sum()), p_clean=p_clean, p_corr=p_corr, p_patch=p_patch,
                         attrib=(p_patch - p_corr) / effect))
     return out
 
 
 def main_site(n_layer: int) -> tuple:
-    """(site, layer) the verdict reads: the last layer's input; with one layer, whose input is the
-    embedding (patching the Key there undoes the corruption itself), its mixer's output."""
+    """(site, layer) the verdict reads: the last layer's input; with one layer, whose input is
+    the embedding (patching the Key there undoes the corruption), its mixer's output."""
     if n_layer == 1:
         return ("mixer_output", 0)
-    return (MAIN[0], n_layer - 1)
+    return ("block_input", n_layer - 1)
 
 
 def main_setting(rows: list, n_layer: int, layer: int | None = None) -> dict:
     """Attrib at the main setting (main_site; or block_input[layer]), Key corrupted."""
-    site, layer = main_site(n_layer) if layer is None else (MAIN[0], layer)
+    site, layer = main_site(n_layer) if layer is None else ("block_input", layer)
     return {r["position"]: r["attrib"] for r in rows
-            if r["corrupted"] == MAIN[1] and r["site"] == site and r["layer"] == layer}
+            if r["corrupted"] == "key" and r["site"] == site and r["layer"] == layer}
 
 
 def key_effect(rows: list) -> float:
-    """mean p_clean - mean p_corrupted over all documents (the Query's cells), Key corrupted."""
+    """mean p_clean - mean p_corrupted over all documents, Key corrupted."""
     return next(r["p_clean"] - r["p_corr"] for r in rows if r["corrupted"] == "key"
                 and r["position"] == "query")
 
 
 def dominant(a: dict) -> str | None:
-    """The position (key, value or query) whose Attrib names the mechanism, if one does: it is
-    at least VERDICT_DOMINANT and the other two at most 1 - VERDICT_DOMINANT."""
-    a = {p: 0.0 if math.isnan(a[p]) else a[p] for p in ("key", "value", "query")}  # NaN: no effect
-    top, second, _ = sorted(a, key=a.get, reverse=True)  # where distinct (sibling self-pairs)
+    """The position (key, value or query) that names the mechanism, if one does."""
+    a = {p: 0.0 if math.isnan(a[p]) else a[p] for p in ("key", "value", "query")}
+    top, second = sorted(a, key=a.get, reverse=True)[:2]
     if a[top] >= VERDICT_DOMINANT and a[second] <= 1 - VERDICT_DOMINANT:
         return top
     return None
 
 
 def verdict(rows: list, n_layer: int) -> str:
-    """The mechanism in words, from Attrib at the first layer whose input lacks the Key association
-    (thresholds VERDICT_*): in deeper models the last one can show @Query 1.00 for induction too."""
+    """The mechanism in words, from Attrib at the first layer whose input no longer holds the
+    Key (in deeper models the last layer's input shows @Query 1.00 for induction too)."""
     effect = key_effect(rows)
     if effect < VERDICT_MIN_EFFECT:
         return (f"not learned: corrupting the Key moves p(answer) by only {effect:.3f} "
@@ -1251,9 +1247,10 @@ def verdict(rows: list, n_layer: int) -> str:
         where = "before the last layer"
     else:
         where = f"before layer {layer}"
-    names = {"value": f"induction: the key-value binding is stored at the Value position {where}",
-             "query": "direct retrieval at the last position: the answer is computed at the Query "
+    names = {"value": "induction: the key-value binding is stored at the Value position "
                       + where,
+             "query": "direct retrieval at the last position: the answer is computed at the "
+                      "Query " + where,
              "key": "direct retrieval, late: the last layer reads the Key position itself"}
     top = dominant(a)
     if top:
@@ -1263,7 +1260,7 @@ def verdict(rows: list, n_layer: int) -> str:
 
 
 def mechanism_report(rows: list, n_layer: int) -> str:
-    """The printed table of Attrib, Key corrupted: a row per site[layer], a column per position."""
+    """The printed table of Attrib, Key corrupted, and the verdict."""
     lines = ["Attrib (Key corrupted; rows: site[layer], columns: the patched position)",
              f"{'':16s}" + "".join(f"{'@' + p:>10s}" for p in POSITIONS)]
     key_rows = [r for r in rows if r["corrupted"] == "key"]
@@ -1276,18 +1273,19 @@ def mechanism_report(rows: list, n_layer: int) -> str:
                      + "".join(f"{cells[p]:10.3f}" for p in POSITIONS) + mark)
     lines.append("p(answer): clean {p_clean:.3f}, Key corrupted {p_corr:.3f}".format(
         **next(r for r in key_rows if r["position"] == "query")))
-    n = {r["position"]: r.get("n", 0) for r in key_rows}  # documents averaged (0: not counted)
+    n = {r["position"]: r.get("n", 0) for r in key_rows}  # documents averaged
     fewer = [f"@{p} {n[p]}" for p in POSITIONS if n[p] < n["query"]]
     if fewer:
-        lines.append(f"documents averaged: {', '.join(fewer)} of {n['query']} (in the others that "
-                     "position is another named one)")
+        lines.append(f"documents averaged: {', '.join(fewer)} of {n['query']} "
+                     "(in the others that position is another named one)")
     conv = table.get(("conv_output", 0))
     if conv and key_effect(rows) >= VERDICT_MIN_EFFECT:
-        lines.append(f"layer 0's short conv output restores Attrib {conv['key']:.2f} at the Key, "
-                     f"{conv['value']:.2f} at the Value, {conv['value+1']:.2f} at Value+1"
-                     + ("; here the conv at the token after the Value (its window spans Key and "
-                        "Value) carries the association" if conv["value+1"] >= VERDICT_DOMINANT
-                        else ""))
+        line = (f"layer 0's short conv output restores Attrib {conv['key']:.2f} at the Key, "
+                f"{conv['value']:.2f} at the Value, {conv['value+1']:.2f} at Value+1")
+        if conv["value+1"] >= VERDICT_DOMINANT:
+            line += ("; here the conv at the token after the Value (its window spans Key and "
+                     "Value) carries the association")
+        lines.append(line)
     return "\n".join(lines + ["verdict: " + verdict(rows, n_layer)])
 
 
@@ -1301,16 +1299,14 @@ def analyse(model: LanguageModel, cfg: Config, split: str = "test") -> dict:
                 verdict=verdict(rows, cfg.n_layer))
 
 
-# The mechanism while it forms: at every evaluation, train() runs a light interchange (Key
-# corrupted, DYNAMICS_DOCS test documents, a few cells) and stores it with the curve, so that a
-# run shows whether its mechanism forms before, with or after its accuracy rises (figures/plots.py
-# marks both moments in each run's dynamics.png).
-DYNAMICS_DOCS = 128  # a fixed subset of the test documents (its cost: figures/bench_dynamics.py)
+# The mechanism while it forms: at every evaluation train() runs a light interchange (Key
+# corrupted, a few cells, DYNAMICS_DOCS test documents), to show whether the mechanism forms
+# before, with or after the accuracy rises (figures/plots.py draws both in dynamics.png).
+DYNAMICS_DOCS = 128  # its cost: figures/bench_dynamics.py
 
 
 def watched_cells(model: LanguageModel, n_layer: int) -> list:
-    """The verdict's site at Key, Value and Query, each layer's mixer output at the Query, and
-    Mamba's layer-0 conv output at the Value and Value+1 (where its induction may live)."""
+    """The verdict's cells, each mixer's output at the Query, Mamba's conv at Value(+1)."""
     site, layer = main_site(n_layer)
     conv = [("conv_output", 0, p) for p in ("value", "value+1")]
     return ([(site, layer, p) for p in ("key", "value", "query")]
@@ -1319,11 +1315,10 @@ def watched_cells(model: LanguageModel, n_layer: int) -> list:
 
 
 def watch_mechanism(model: LanguageModel, task, test: Examples, cfg: Config) -> dict:
-    """{"effect": the Key's, "main": {position: Attrib}, "cells": {"site[layer]@position": Attrib}}
-    on the first DYNAMICS_DOCS test documents: the full analysis's numbers there."""
+    """The Key's effect and the watched Attribs on the first DYNAMICS_DOCS test documents."""
     cells = watched_cells(model, cfg.n_layer)  # the main ones first: (site, layer, position)
-    rows = interchange(model, task, test[:DYNAMICS_DOCS], "key", cfg.seed, cfg.value_corruption,
-                       cells=cells)
+    rows = interchange(model, task, test[:DYNAMICS_DOCS], "key", cfg.seed,
+                       cfg.value_corruption, cells=cells)
     a = {(r["site"], r["layer"], r["position"]): r["attrib"] for r in rows}
     return dict(effect=key_effect(rows), main={cell[2]: a[cell] for cell in cells[:3]},
                 cells={"%s[%d]@%s" % cell: a[cell] for cell in cells[3:]})
