@@ -514,7 +514,7 @@ class DeltaNet(nn.Module):
         return self.o_proj(self.o_norm(o).transpose(1, 2).reshape(b, l, d))
 
 
-# 4. Blocks, the language model, initialisation, and the registry of architectures ---------------
+# 4. Blocks, the language model, initialisation, and the registry of architectures -----------
 class Block(nn.Module):
     """A pre-norm residual block: residual stream (b, l, d) -> residual stream (b, l, d)."""
 
@@ -539,7 +539,7 @@ def base_conv_layer(cfg, i: int) -> BaseConv:
 
 
 def based_layer(cfg, i: int) -> nn.Module:
-    """zoology's Based hybrid: a BaseConv layer (short conv), then Taylor linear attention, ..."""
+    """zoology's Based hybrid: BaseConv (short conv), Taylor linear attention, alternately."""
     if i % 2 == 1:
         return TaylorLinearAttention(cfg.d_model)
     return BaseConv(cfg.d_model, None if cfg.long_conv else cfg.d_conv)
@@ -605,13 +605,12 @@ def check_mixer(cfg, length: int) -> None:
 
 
 def init_weights(model: nn.Module, cfg):
-    """The official initialisation, after the modules' own inits. All but Mamba (zoology): Linear
-    weights and embeddings ~ N(0, 0.02), biases 0, and weights *named* out_proj.weight, fc2.weight
-    or output_linear.0.weight ~ N(0, 0.02/√(2 n_layer)) (so not H3's output_linear, Based's
-    proj_o, BaseConv's projection or DeltaNet's o_proj). Mamba (mamba_ssm): the same embeddings and
-    biases (but dt_proj.bias), PyTorch's Linear weights, out_proj kaiming-uniform / √n_layer."""
+    """The official init, after the modules' own. zoology (not Mamba): Linear and embedding
+    weights ~ N(0, 0.02), biases 0, and weights *named* out_proj.weight, fc2.weight or
+    output_linear.0.weight ~ N(0, 0.02/√(2 n_layer)) (not H3's output_linear, Based's proj_o).
+    mamba_ssm: the same embeddings and biases (not dt_proj's), out_proj kaiming / √n_layer."""
     mamba = cfg.arch == "mamba"
-    rescaled = ("out_proj.weight", "fc2.weight", "output_linear.0.weight")  # zoology's name rule
+    rescaled = ("out_proj.weight", "fc2.weight", "output_linear.0.weight")
     for name, m in model.named_modules():
         if isinstance(m, nn.Embedding) or isinstance(m, nn.Linear) and not mamba:
             nn.init.normal_(m.weight, std=0.02)
@@ -626,32 +625,30 @@ def init_weights(model: nn.Module, cfg):
 
 
 class LanguageModel(nn.Module):
-    """ids (b, l) -> token embedding (+ position embedding) -> blocks -> LayerNorm -> logits, the
-    output head tied to the token embedding. Official: tinylang/model/arch/zoology.py (tinylang)."""
+    """Embeddings, blocks, LayerNorm, tied head. Official: tinylang/model/arch/zoology.py."""
 
     def __init__(self, cfg, vocab_size: int):
         super().__init__()
         d = cfg.d_model
         self.tok_emb = nn.Embedding(vocab_size, d)
         self.pos_emb = nn.Embedding(L_MAX, d) if cfg.pos_emb else None
-        self.blocks = nn.ModuleList(Block(d, MIXERS[cfg.arch](cfg, i), mamba=cfg.arch == "mamba")
+        self.blocks = nn.ModuleList(Block(d, MIXERS[cfg.arch](cfg, i), cfg.arch == "mamba")
                                     for i in range(cfg.n_layer))
         self.norm_f = nn.LayerNorm(d)
         init_weights(self, cfg)
 
     def forward(self, ids, at=None):
-        """ids: (b, l). Returns logits (b, l, V), or (b, V) at one position per row if `at` (b,) is
-        given: the task is scored at the Query only, and the (V x d) head is most of the cost."""
+        """Logits (b, l, V), or (b, V) at the positions `at` (b,): the head costs the most."""
         if ids.shape[1] > L_MAX:
-            raise ValueError(f"sequence length {ids.shape[1]} exceeds the model's maximum {L_MAX}")
-        x = self.tok_emb(ids)                                               # (b, l, d)
+            raise ValueError(f"sequence length {ids.shape[1]} exceeds L_MAX = {L_MAX}")
+        x = self.tok_emb(ids)                                       # (b, l, d)
         if self.pos_emb is not None:
             x = x + self.pos_emb.weight[:ids.shape[1]]
         for block in self.blocks:
-            x = block(x)                                                    # (b, l, d)
+            x = block(x)                                            # (b, l, d)
         if at is not None:
-            x = x[torch.arange(len(x), device=x.device), at]                # (b, d)
-        return F.linear(self.norm_f(x), self.tok_emb.weight)                # (b, [l,] V), tied
+            x = x[torch.arange(len(x), device=x.device), at]        # (b, d)
+        return F.linear(self.norm_f(x), self.tok_emb.weight)        # (b, [l,] V), tied
 
 
 # 5. Training ------------------------------------------------------------------------------
@@ -1324,20 +1321,19 @@ def watch_mechanism(model: LanguageModel, task, test: Examples, cfg: Config) -> 
                 cells={"%s[%d]@%s" % cell: a[cell] for cell in cells[3:]})
 
 
-# 7. The second task: Associative Treecall (ATR) -------------------------------------------------
+# 7. The second task: Associative Treecall (ATR) ---------------------------------------------
 @dataclasses.dataclass
 class Tree:
     """One sampled sentence: a dependency tree over its terminals, and the queried pair."""
     labels: list  # terminal labels 0 .. T-1, in sentence order (token id = 3 + label)
-    parent: list  # index of each terminal's parent (always to its right); -1 for the root's head
+    parent: list  # index of each terminal's parent (to its right); -1 for the root's head
     depth: list   # depth of each terminal in the derivation (the root's head and children: 1)
     query: int    # index of the queried terminal (the Key is at position 1 + query)
     target: int   # the answer's index: parent[query], or its sibling (the Value: 1 + target)
 
 
 def legacy_cdf(p) -> list:
-    """The CDF that numpy's legacy choice(p=...) builds: inverse-CDF draws with it give the
-    official draws from a legacy stream."""
+    """The CDF numpy's legacy choice(p=...) builds: drawing by it gives the official draws."""
     c = np.cumsum(p)
     return (c / c[-1]).tolist()
 
@@ -1346,51 +1342,43 @@ class ATR:
     """Associative Treecall: recall a terminal's parent in a sentence of a random headed PCFG.
         pos:  0     1 ... n   n+1    n+2      n+3       n+4
         tok:  <bos> t ... t   <eos>  t_query  t_parent  <eos>
-    A constituent emits its children, then its head word; a terminal's parent is its constituent's
-    head word (a head word's: the enclosing one's), so parents lie right of their many children:
-    tree-shaped associations, not AR's adjacent pairs. The query repeats the rightmost terminal of
-    its label (an unambiguous Key), drawn parent first. With split > 0, that fraction of (parent,
-    query) label pairs is held out: only "test" documents ask them. Vocabulary: PAD 0, BOS 1, EOS 2,
-    terminals 3 .. T+2, 3 official query-type tokens (unused): V = T + 6 (26, 8198).
-    Official implementation: aryamanarora/tinylang, tinylang/language/pcfg.py (class PCFG).
-    Differences: none in the grammars (the official easy (110 rules), medium (124), 8192 and split
-    (90 of 400 pairs held out): the same legacy-numpy calls) or documents (a legacy stream gives the
-    official ones: tested). At most L_MAX - 5 terminals (100k easy: ~420). query="sibling": the
-    rightmost sibling instead of the parent (App. D.4; multihop/multihop_no_parent.yaml)."""
+    A constituent emits its children, then its head word: their parent (a head word's is the
+    enclosing head), so the associations form a tree. The query repeats the rightmost terminal
+    of its label (an unambiguous Key); query="sibling" asks its rightmost sibling (App. D.4).
+    split > 0 holds out that share of (parent, query) label pairs: only "test" asks them.
+    Official implementation: aryamanarora/tinylang, tinylang/language/pcfg.py (class PCFG);
+    multihop/multihop_no_parent.yaml (sibling). Differences: none (the same legacy-numpy calls
+    for the grammar; a legacy stream gives the official documents: tests/test_atr.py)."""
 
     def __init__(self, n_terminals: int = 20, max_rhs_len: int = 5, n_nonterminals: int = 40,
                  max_rules: int = 5, max_depth: int = 10, terminal_occurrence_factor=None,
                  split: float = 0.0, grammar_seed: int = 42, max_length: int = 1024,
                  query: str = "parent"):
-        self.n_terminals, self.max_rhs_len, self.query = n_terminals, max_rhs_len, query
-        self.n_nonterminals, self.max_rules, self.max_depth = n_nonterminals, max_rules, max_depth
-        self.terminal_occurrence_factor, self.split = terminal_occurrence_factor, split
-        self.first_terminal = 3
-        self.vocab_size = n_terminals + 6
-        self.max_length = max_length
+        self.n_terminals, self.n_nonterminals = n_terminals, n_nonterminals
+        self.max_rhs_len, self.max_rules = max_rhs_len, max_rules
+        self.max_depth, self.split = max_depth, split
+        self.terminal_occurrence_factor = terminal_occurrence_factor
+        self.max_length, self.query = max_length, query
+        self.first_terminal, self.vocab_size = 3, n_terminals + 6  # + 3 unused query types
         self.build_grammar(np.random.RandomState(grammar_seed))
 
     def build_grammar(self, rs: np.random.RandomState):
-        """Draw the held-out pairs and the grammar from the legacy RNG, in the official order.
+        """The held-out pairs, then the grammar, from the legacy RNG in the official order.
         Symbols are ints: s < T is terminal s, s >= T is nonterminal s - T."""
         T, N = self.n_terminals, self.n_nonterminals
-        # 1. held-out (parent label, query label) pairs; drawn first, so a split changes the grammar
+        # 1. held-out (parent label, query label) pairs, first: a split changes the grammar
         self.held_out = rs.rand(T, T) < self.split if self.split > 0 else None
-        if self.held_out is not None and self.held_out.sum() in (0, T * T):
-            raise RunError(f"--held-out {self.split:g} holds out {self.held_out.sum()} of the "
-                           f"{T * T} (parent, query) label pairs: no split (the paper: 0.2)")
-        # 2. levels 1..max_depth (official: max_depths); rules use only higher ones: derivations end
+        # 2. levels 1..max_depth (official: max_depths); a rule uses higher ones only: all end
         self.level = np.array([rs.randint(1, self.max_depth + 1) for _ in range(N)])
-        # 3. 1..max_rules rules of 1..max_rhs_len-1 symbols, uniform over allowed nonterminals and
-        #    terminals; with a terminal_occurrence_factor f, one terminal placeholder of weight f,
-        #    filled afterwards with uniform terminals (so the tree shape does not depend on T)
-        placeholder, factor, rules = -1, self.terminal_occurrence_factor, []
+        # 3. 1..max_rules rules of 1..max_rhs_len-1 uniform symbols; an occurrence factor f:
+        #    one placeholder of weight f for all terminals, filled later (shapes ignore T)
+        placeholder, rules = -1, []
         for nt in range(N):
             n_rules = rs.randint(1, self.max_rules + 1)
             allowed = [T + x for x in range(N) if self.level[x] > self.level[nt]]
             symbols, p = allowed + list(range(T)), None
-            if factor is not None:
-                p = np.append(np.ones(len(allowed)), factor)  # weights
+            if self.terminal_occurrence_factor is not None:
+                p = np.append(np.ones(len(allowed)), self.terminal_occurrence_factor)
                 symbols, p = allowed + [placeholder], p / p.sum()
             rules.append([])
             for _ in range(n_rules):
@@ -1398,25 +1386,23 @@ class ATR:
                 rules[-1].append([symbols[i] for i in rhs])
         self.rules = [[tuple(rs.randint(T) if s == placeholder else s for s in rhs)
                        for rhs in nt_rules] for nt_rules in rules]
-        # 4. rule probabilities, 5. head-word distributions over all T terminals: Dirichlet(1)
+        # 4. rule probabilities, 5. head words (of all T terminals): Dirichlet(1)
         self.rule_probs = [rs.dirichlet(np.ones(len(nt_rules))) for nt_rules in self.rules]
         self.head_probs = [rs.dirichlet(np.ones(T)) for _ in range(N)]
-        # 6. a uniform start symbol (no draw); all draws by inverse CDF (legacy_cdf)
-        self.start_cdf = legacy_cdf(np.ones(N) / N)
+        self.start_cdf = legacy_cdf(np.ones(N) / N)  # 6. a uniform start symbol (no draw)
         self.rule_cdf = [legacy_cdf(p) for p in self.rule_probs]
         self.head_cdf = [legacy_cdf(p) for p in self.head_probs]
 
-    def derive(self, rng):
-        """Expand a start symbol depth-first, left to right (the official order of draws: per
-        constituent, its rule, then its head word), with a numpy Generator or legacy RandomState.
-        Returns a Tree without its query, or None past max_length terminals (as officially)."""
-        labels, owner, depth = [], [], []  # per terminal; owner: the constituent its parent heads
-        T, head_at = self.n_terminals, []  # per constituent: position of its head word
-        stack = [(T + bisect_right(self.start_cdf, rng.random()), -1, -1, 0)]  # the start symbol
+    def derive(self, rng: Generator | np.random.RandomState):
+        """Expand a start symbol depth-first, left to right, drawing per constituent its rule,
+        then its head word, as officially. A Tree without its query; None past max_length."""
+        labels, owner, depth = [], [], []  # owner: the constituent its parent heads
+        T, head_at = self.n_terminals, []  # per constituent: the position of its head word
+        stack = [(T + bisect_right(self.start_cdf, rng.random()), -1, -1, 0)]
         while stack:
             if len(labels) >= self.max_length:  # and more to come
                 return None
-            symbol, up, heads, d = stack.pop()  # its constituent, the one it heads or -1, depth
+            symbol, up, heads, d = stack.pop()  # its constituent, the one it heads, depth
             if symbol < T:  # a terminal: emit it
                 if heads >= 0:
                     head_at[heads] = len(labels)
@@ -1424,49 +1410,47 @@ class ATR:
                 owner.append(up)
                 depth.append(d)
                 continue
-            c = len(head_at)  # a nonterminal: a new constituent c, its head word out after its rhs
+            c = len(head_at)  # a nonterminal: constituent c, its head word after its rhs
             head_at.append(-1)
-            rhs = self.rules[symbol - T][bisect_right(self.rule_cdf[symbol - T], rng.random())]
-            stack.append((bisect_right(self.head_cdf[symbol - T], rng.random()), up, c, d + 1))
-            stack.extend((s, c, -1, d + 1) for s in reversed(rhs))  # the children, popped in order
+            nt = symbol - T
+            rhs = self.rules[nt][bisect_right(self.rule_cdf[nt], rng.random())]
+            stack.append((bisect_right(self.head_cdf[nt], rng.random()), up, c, d + 1))
+            stack.extend((s, c, -1, d + 1) for s in reversed(rhs))  # popped in order
         parent = [head_at[c] if c >= 0 else -1 for c in owner]
         return Tree(labels, parent, depth, query=-1, target=-1)
 
     def eligible_pairs(self, tree: Tree, split: str = "train") -> list:
-        """(query, target) index pairs that may be asked, by target then query: the query the
-        rightmost of its label; the target its parent or (sibling) the rightmost terminal of the
-        same parent, itself if none lies to its right, also the rightmost of its label (the root's
-        head is its own sibling: 67.5 % of sibling documents ask the query itself, as officially);
-        their label pair allowed in this split."""
+        """(query, target) pairs that may be asked, by target: a query rightmost of its label;
+        a target its parent, or (sibling) the parent's last child if rightmost of its label
+        (maybe the query itself, as officially); their labels allowed in this split."""
         if split not in ("train", "dev", "test"):
             raise ValueError(f"split must be 'train', 'dev' or 'test', not {split!r}")
         rightmost = {label: i for i, label in enumerate(tree.labels)}
-        test = split == "test"
+        held, test = self.held_out, split == "test"
         last = {p: i for i, p in enumerate(tree.parent)}  # per parent: its rightmost child
         target = tree.parent if self.query == "parent" else [last[p] for p in tree.parent]
         pairs = sorted((t, q) for q, (label, t) in enumerate(zip(tree.labels, target))
                        if t >= 0 and rightmost[label] == q
                        and (self.query == "parent" or rightmost[tree.labels[t]] == t)
-                       and (self.held_out is None or self.held_out[tree.labels[t], label] == test))
+                       and (held is None or held[tree.labels[t], label] == test))
         return [(q, t) for t, q in pairs]
 
     @staticmethod
     def choose_pair(pairs: list, rng: Generator) -> tuple:
-        """(query, target): the target uniform among eligible targets, then the query uniform among
-        its eligible queries (sample_first="target"): a query whose parent has few is likelier."""
+        """(query, target): a uniform target, then a uniform query of it (as officially)."""
         targets = sorted({t for _, t in pairs})
         target = targets[rng.integers(len(targets))]
         queries = [q for q, t in pairs if t == target]
         return queries[rng.integers(len(queries))], target
 
     def trees(self, n: int, rng: Generator, split: str = "train") -> list:
-        """n sentences and queried pairs (redrawn if < 3 terminals, too long or none eligible)."""
+        """n sentences with pairs (redrawn if < 3 terminals, too long or no pair eligible)."""
         out, draws = [], 0
         while len(out) < n:
             draws += 1
-            if draws > 100 * n + 10_000:  # else it may never end (few allowed pairs)
-                raise RunError(f"{len(out)} of {n} {split} sentences found in {draws - 1:,} draws; "
-                               "--held-out leaves too few pairs on one side")
+            if draws > 100 * n + 10_000:  # else it may never end (few pairs allowed)
+                raise RunError(f"{len(out)} of {n} {split} sentences found in {draws - 1:,} "
+                               "draws; --held-out leaves too few pairs on one side")
             tree = self.derive(rng)
             if tree is None or len(tree.labels) < 3:
                 continue
@@ -1477,11 +1461,11 @@ class ATR:
         return out
 
     def examples(self, trees: list) -> Examples:
-        """Documents <bos> t ... t <eos> t_query t_parent <eos> (right-padded), with positions."""
+        """Documents <bos> t ... t <eos> t_query t_parent <eos> (right-padded), positions."""
         lengths = np.array([len(tree.labels) for tree in trees])  # terminals per sentence
         ids = np.full((len(trees), lengths.max() + 5), PAD, dtype=np.int64)
         for row, tree in zip(ids, trees):
-            m, labels = len(tree.labels), np.add(tree.labels, self.first_terminal)  # token ids
+            m, labels = len(tree.labels), np.add(tree.labels, self.first_terminal)
             row[:m + 5] = (BOS, *labels, EOS, labels[tree.query], labels[tree.target], EOS)
         return Examples.from_numpy(ids, key=1 + np.array([tree.query for tree in trees]),
                                    value=1 + np.array([tree.target for tree in trees]),
@@ -1491,18 +1475,16 @@ class ATR:
         return self.examples(self.trees(n, rng, split))
 
     def other_token(self, kind: str, tokens: torch.Tensor, rng: Generator) -> torch.Tensor:
-        """For each token, a uniformly drawn *different* terminal (Keys and Values are both)."""
+        """Per token, a uniform *different* terminal (Keys and Values are both terminals)."""
         return other_than(tokens, self.first_terminal, self.n_terminals, rng)
 
 
-ATR_SETTINGS = {  # §5.2's three (tinylang languages/); pcfg_train_test_split: easy --held-out 0.2
-    "easy": dict(n_terminals=20, max_rhs_len=5),  # Lmax=5, |Σ|=20: pcfg_vary_difficulty/pcfg_5_20
-    "medium": dict(n_terminals=20, max_rhs_len=10),  # Lmax=10, |Σ|=20: .../pcfg_10_20
+ATR_SETTINGS = {  # §5.2 (tinylang languages/); pcfg_train_test_split: easy, --held-out 0.2
+    "easy": dict(n_terminals=20, max_rhs_len=5),  # pcfg_vary_difficulty/pcfg_5_20
+    "medium": dict(n_terminals=20, max_rhs_len=10),  # pcfg_vary_difficulty/pcfg_10_20
     "8192": dict(n_terminals=8192, max_rhs_len=5,
                  terminal_occurrence_factor=20)}  # pcfg_vary_rhs_8192
-
-# The tasks by Config.task: both are now defined.
-TASKS = {
+TASKS = {  # by Config.task
     "ar": lambda cfg: AR(cfg.num_kv, cfg.n_pairs),
     "atr": lambda cfg: ATR(**ATR_SETTINGS[cfg.atr], split=cfg.held_out, query=cfg.atr_query,
                            grammar_seed=cfg.grammar_seed, max_length=L_MAX - 5)}
