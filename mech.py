@@ -971,7 +971,8 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8,
                                   weight_decay=cfg.weight_decay, fused=True)
     # the run folder: refuse another run's; resume from its checkpoint if there is one
-    step, curve, elapsed, loss_sum = 0, [], 0.0, torch.zeros((), device=device)
+    step, elapsed = 0, 0.0
+    curve, loss_sum = [], torch.zeros((), device=device)
     if out is not None:
         os.makedirs(out, exist_ok=True)
         theirs, mine = stored_identity(out), identity(cfg)
@@ -987,7 +988,8 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
                 state = torch.load(checkpoint, device)
                 model.load_state_dict(state["model"])
                 optimizer.load_state_dict(state["optimizer"])
-                step, curve, elapsed = state["step"], state["curve"], state["elapsed"]
+                step, curve = state["step"], state["curve"]
+                elapsed = state["elapsed"]
                 loss_sum.fill_(state["loss_sum"])
             log(f"resuming {out} at step {step:,}")
     n_params = sum(p.numel() for p in model.parameters())

@@ -229,8 +229,8 @@ def conv_variant(r: dict) -> str:
     """How a run's convolutions depart from the paper's main results ('' if they do not)."""
     if r["long_conv"]:
         return " long conv"
-    default = mech.DEFAULT_DCONV.get(r["arch"]) if r["arch"] != "base_conv" else None
-    return "" if r["d_conv"] == default else f" d_conv {r['d_conv']}"
+    default = mech.DEFAULT_DCONV.get(r["arch"])  # None: base_conv's runs before it had one
+    return "" if r["d_conv"] in (default, None) else f" d_conv {r['d_conv']}"
 
 
 def pe_variant(r: dict) -> str:
