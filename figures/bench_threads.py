@@ -1,13 +1,13 @@
-"""Benchmark: mech.py's default thread count on a shared machine.
+"""Benchmark: thread counts on a shared machine.
 
     python figures/bench_threads.py                 # attention on AR, 1,500 steps, 3 repeats
     python figures/bench_threads.py --arch mamba --busy 1 --repeats 5
 
-mech.py picks its threads from the cores that other processes leave idle at start (idle_cores).
-This runs the same short training with the default and with each explicit --threads, interleaved,
-while `--busy` other processes each keep one core busy, and prints the median steps/s of each and
-the default's ratio to the best explicit count (target: >= 0.9 with one busy core; on an idle
-machine the default equals torch's, one thread per core). Not a test: pytest does not collect it.
+mech.py takes torch's default thread count (one per core) unless --threads is given. This runs
+the same short training with the default and with each explicit --threads, interleaved, while
+`--busy` other processes each keep one core busy, and prints the median steps/s of each and the
+default's ratio to the best explicit count: what a run on a busy machine gains by --threads.
+Not a test: pytest does not collect it.
 """
 import json
 import os
