@@ -1045,6 +1045,8 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
         if os.path.exists(checkpoint):
             with reading(checkpoint):
                 state = torch.load(checkpoint, map_location=device)
+                if state["identity"] != identity(cfg):
+                    raise ValueError("a checkpoint of another run")
                 model.load_state_dict(state["model"])
                 optimizer.load_state_dict(state["optimizer"])
                 step, curve, elapsed = state["step"], state["curve"], state["elapsed"]
