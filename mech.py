@@ -1617,7 +1617,10 @@ def choose_device(device: str, cfg: Config) -> str:
         raise ValueError(f"--device {device}: this torch sees {torch.cuda.device_count()} CUDA "
                          "device(s); use --device cpu or auto")
     if cfg.arch == "mamba" and cfg.scan != "ref":
-        scan_ext.kernel(torch.device(device), required=cfg.scan == "ext")
+        try:
+            scan_ext.kernel(torch.device(device), required=cfg.scan == "ext")
+        except RuntimeError as e:  # --scan ext where it cannot build: one line, not a traceback
+            raise RunError(str(e)) from None
     return device
 
 
