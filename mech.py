@@ -1071,6 +1071,7 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
                 "the same command resumes from there" if out else "nothing saved (no --out)"))
         # one optimisation step
         batch = batch_at(step)
+        torch.manual_seed(cfg.seed * 2 ** 32 + step)  # its random numbers (dropout), as resumed
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
         loss = F.cross_entropy(model(batch.ids, at=batch.pos["query"]), batch.answer)
