@@ -26,8 +26,15 @@ def cli(args, capsys) -> tuple:
     return code, out, err
 
 
-def refused(args, capsys, tmp_path, *needles, code=2):
-    """`python mech.py ARGS` ends in one line that holds the needles, and writes nothing."""
+@pytest.fixture
+def refused(capsys, tmp_path, monkeypatch):
+    """refused(ARGS, *needles): `python mech.py ARGS` ends in one line that holds the needles,
+    and writes nothing (accepted, it fails at once rather than train)."""
+    monkeypatch.setattr(mech, "train", lambda *a, **k: pytest.fail("accepted: it would train"))
+    return lambda args, *needles, code=2: check_refused(args, capsys, tmp_path, needles, code)
+
+
+def check_refused(args, capsys, tmp_path, needles, code):
     out = tmp_path / "run"
     got, stdout, err = cli([*args, "--out", str(out)], capsys)
     assert got == code, err
@@ -69,18 +76,17 @@ def test_every_field_that_is_not_a_switch_has_a_range_or_choices():
 
 
 @pytest.mark.parametrize("name, value", list(out_of_range()))
-def test_a_value_outside_its_fields_range_is_refused_in_one_line(name, value, tmp_path,
-                                                                 capsys):
+def test_a_value_outside_its_fields_range_is_refused_in_one_line(name, value, refused):
     f = FIELDS[name]
-    refused([*where_it_applies(name), f"{mech.flag_of(f)}={value}"], capsys, tmp_path,
+    refused([*where_it_applies(name), f"{mech.flag_of(f)}={value}"],
             f"{name} must be in [{f.metadata['low']:,}, {f.metadata['high']:,}]")
 
 
 @pytest.mark.parametrize("name", [f.name for f in FIELDS.values() if f.metadata["choices"]]
                          + ["arch"])
-def test_a_value_outside_its_fields_choices_is_refused_in_one_line(name, tmp_path, capsys):
+def test_a_value_outside_its_fields_choices_is_refused_in_one_line(name, refused):
     choices = FIELDS[name].metadata["choices"] or tuple(mech.MIXERS)
-    refused([*where_it_applies(name), mech.flag_of(FIELDS[name]), "bogus"], capsys, tmp_path,
+    refused([*where_it_applies(name), mech.flag_of(FIELDS[name]), "bogus"],
             f"unknown {name} 'bogus'", ", ".join(choices))
 
 
@@ -94,14 +100,14 @@ def contrary(where, value) -> list:
 
 
 @pytest.mark.parametrize("name", list(mech.APPLIES))
-def test_a_flag_that_does_not_apply_is_refused_in_one_line(name, tmp_path, capsys):
+def test_a_flag_that_does_not_apply_is_refused_in_one_line(name, refused):
     where, value = mech.APPLIES[name]
     args, f = contrary(where, value), FIELDS[name]
     there = getattr(mech.config_from_args(mech.build_parser().parse_args(args)), name)
     flag = mech.flag_of(f)
     given = ([flag if there else "--no-" + flag[2:]] if isinstance(there, bool)
              else [flag, str(there)])  # even the value it has there
-    refused([*args, *given], capsys, tmp_path, f"{flag} applies where {where} is {value}")
+    refused([*args, *given], f"{flag} applies where {where} is {value}")
 
 
 @pytest.mark.parametrize("args, needles", [
@@ -120,21 +126,20 @@ def test_a_flag_that_does_not_apply_is_refused_in_one_line(name, tmp_path, capsy
     (["--d-model", "abc"], ["'abc'"]), (["--bogus"], ["--bogus"]),
     (["--load", "runs/x"], ["--load"]), (["--quiet"], ["--quiet"]),  # both removed
 ])
-def test_a_combination_that_cannot_train_is_refused_in_one_line(args, needles, tmp_path,
-                                                                capsys):
-    refused(args, capsys, tmp_path, *needles)
+def test_a_combination_that_cannot_train_is_refused_in_one_line(args, needles, refused):
+    refused(args, *needles)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_an_unavailable_cuda_device_is_refused_in_one_line(tmp_path, capsys):
-    refused(["--device", "cuda:0"], capsys, tmp_path, "cuda:0", "--device cpu")
+def test_an_unavailable_cuda_device_is_refused_in_one_line(refused):
+    refused(["--device", "cuda:0"], "cuda:0", "--device cpu")
 
 
-def test_scan_ext_that_cannot_be_built_ends_in_one_line(tmp_path, capsys, monkeypatch):
+def test_scan_ext_that_cannot_be_built_ends_in_one_line(refused, monkeypatch):
     monkeypatch.setattr(scan_ext, "_module", RuntimeError("no C++ compiler: 'c++' is not on the "
                                                           "PATH (set CXX or install g++)"))
-    refused(["--arch", "mamba", "--scan", "ext", "--d-model", "16", "--num-kv", "64"], capsys,
-            tmp_path, "scan backend 'ext' is unavailable", "no C++ compiler", code=1)
+    refused(["--arch", "mamba", "--scan", "ext", "--d-model", "16", "--num-kv", "64"],
+            "scan backend 'ext' is unavailable", "no C++ compiler", code=1)
 
 
 def test_a_held_out_fraction_that_splits_nothing_is_refused_in_one_line(tmp_path, capsys):
