@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -247,11 +248,15 @@ def start_waiting(out, hook, wait_at):
                          cwd=ROOT, env=dict(os.environ, WAIT_AT=str(wait_at)), text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
-    lines = []
-    for line in p.stdout:
-        lines.append(line)
-        if line.startswith("waiting at step"):
-            return p, lines
+    lines, hang = [], threading.Timer(300, p.kill)  # guards against a hang only
+    hang.start()
+    try:
+        for line in p.stdout:
+            lines.append(line)
+            if line.startswith("waiting at step"):
+                return p, lines
+    finally:
+        hang.cancel()
     p.wait(timeout=300)
     pytest.fail(f"it never got to step {wait_at}: {''.join(lines)} {p.stderr.read()}")
 
