@@ -986,6 +986,8 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
         if os.path.exists(checkpoint):
             with reading(checkpoint):
                 state = torch.load(checkpoint, device)
+                if state["identity"] != identity(cfg):
+                    raise ValueError("a checkpoint of another run")
                 model.load_state_dict(state["model"])
                 optimizer.load_state_dict(state["optimizer"])
                 step, curve = state["step"], state["curve"]
@@ -1012,6 +1014,7 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
                 "the same command resumes it" if out else "nothing saved (no --out)"))
         # one optimisation step
         batch = batch_at(step)
+        torch.manual_seed(cfg.seed * 2 ** 32 + step)  # its random numbers (dropout), as resumed
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
         loss = F.cross_entropy(model(batch.ids, at=batch.pos["query"]), batch.answer)
@@ -1535,7 +1538,10 @@ def choose_device(device: str, cfg: Config) -> str:
     if device not in allowed:
         raise ValueError(f"unknown device {device!r}; choose from auto, {', '.join(allowed)}")
     if cfg.arch == "mamba" and cfg.scan != "ref":
-        scan_ext.kernel(torch.device(device), required=cfg.scan == "ext")
+        try:
+            scan_ext.kernel(torch.device(device), required=cfg.scan == "ext")
+        except RuntimeError as e:  # --scan ext where it cannot build: one line, not a traceback
+            raise RunError(str(e)) from None
     return device
 
 
