@@ -575,17 +575,21 @@ def check_mixer(cfg, length: int) -> None:
     (b, l, d), stays finite, names no block's site, and is causal: for every position i, an
     input changed from i on leaves every output before i as it was."""
     name, d = cfg.arch, cfg.d_model
-    with torch.random.fork_rng(devices=[]):  # the run's random numbers stay as they were
-        mixer, g = MIXERS[name](cfg, 0), torch.Generator().manual_seed(0)
-        if not isinstance(mixer, nn.Module):
-            raise ValueError(f"mixer {name!r}: its factory returned a {type(mixer).__name__}, "
-                             "not a torch module")
+    g = torch.Generator().manual_seed(0)  # the probe's own random inputs
+    x = torch.randn(1, length, d, generator=g)                              # (1, l, d)
+    try:
+        with torch.random.fork_rng(devices=[]):  # the run's random numbers stay as they were
+            mixer = MIXERS[name](cfg, 0)
+        y = mixer.eval()(x) if isinstance(mixer, nn.Module) else None
+    except Exception as e:  # its own error, in one line
+        raise ValueError(f"mixer {name!r} fails: {type(e).__name__}: {e}") from None
+    if y is None:
+        raise ValueError(f"mixer {name!r}: its factory returned a {type(mixer).__name__}, not "
+                         "a torch module")
     clash = set(getattr(mixer, "sites", {})) & set(SITES)
     if clash:
         raise ValueError(f"mixer {name!r} names a site {', '.join(clash)}, a block's (SITES); "
                          "choose another name")
-    x = torch.randn(1, length, d, generator=g)                              # (1, l, d)
-    y = mixer.eval()(x)
     if not isinstance(y, torch.Tensor) or y.shape != x.shape:
         shape = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
         raise ValueError(f"mixer {name!r} maps {tuple(x.shape)} to {shape}; a mixer keeps "
@@ -955,9 +959,9 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
     stopped run resumes exactly, and a finished one is loaded, not trained again."""
     # the task (section 1, or 7 for ATR), the model, its documents and its optimizer
     task = make_task(cfg)
-    model = build_model(cfg, task.vocab_size).to(device)
     metrics = finished(out, cfg)
     if metrics is not None:
+        model = build_model(cfg, task.vocab_size).to(device)
         with reading(os.path.join(out, "model.pt")):
             model.load_state_dict(torch.load(os.path.join(out, "model.pt"), device))
         log(f"{out} already holds this run")
@@ -968,6 +972,7 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
     if cfg.held_out:
         dev_docs = task.sample(cfg.n_eval, rng_for(cfg.seed, "dev"), split="dev").to(device)
     check_mixer(cfg, max(longest, test.ids.shape[1]))  # tried at the lengths this run uses
+    model = build_model(cfg, task.vocab_size).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8,
                                   weight_decay=cfg.weight_decay, fused=True)
     # the run folder: refuse another run's; resume from its checkpoint if there is one
@@ -1553,8 +1558,7 @@ same command prints its result and its table again."""
 EXAMPLES = """examples:
   python mech.py --arch mamba --task ar --dconv 4
   python mech.py --arch attention --task atr --atr easy --seed 43
-  python mech.py --preset class --arch attention     # a finding in a minute
-Sweeps, figures, the pictures of a run: figures/README.md"""
+  python mech.py --preset class --arch attention     # a finding in a minute"""
 
 
 class Parser(argparse.ArgumentParser):
@@ -1570,8 +1574,7 @@ def build_parser() -> Parser:
         extra = dict(type=kind)
         if kind is bool:
             extra = dict(action=argparse.BooleanOptionalAction)
-        origin = "from --arch" if f.name in ("pos_emb", "d_conv") else "from --preset"
-        default = origin if f.default is None else f.default
+        default = "from --arch or --preset" if f.default is None else f.default
         allowed = f.metadata["choices"] or (tuple(MIXERS) if f.name == "arch" else None)
         allowed = f"; one of {', '.join(allowed)}" if allowed else ""
         if f.metadata["limits"]:
@@ -1641,8 +1644,7 @@ def default_out(cfg: Config) -> str:
 
 
 def start_over(out: str) -> None:
-    """--force: delete the files a run writes, only in a folder whose config.json is a run's
-    (another config.json is refused in one line)."""
+    """--force: delete a run's files, only where config.json is a run's (else: one line)."""
     for name in RUN_FILES[::-1] if stored_identity(out) else ():  # config.json last: a stop
         with contextlib.suppress(FileNotFoundError):  # half way leaves a run's folder
             os.unlink(os.path.join(out, name))

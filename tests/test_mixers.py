@@ -101,7 +101,7 @@ CASES = {  # name -> (its sites, what forward returns, its factory, the one line
     "shrinks": ("{}", "y[..., :-1]", "lambda cfg, i: Mixer(cfg.d_model)", ", 15); a mixer keeps"),
     "nomodule": ("{}", "y", "lambda cfg, i: 'a string'", "'nomodule': its factory returned a str"),
     "clash": ("{'block_input': 'proj'}", "y", "lambda cfg, i: Mixer(cfg.d_model)",
-              "'clash' names its own site block_input"),
+              "'clash' names a site block_input"),
 }
 
 
