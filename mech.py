@@ -798,7 +798,8 @@ class Config:
         if arch == "h3" and d % 2:
             yield f"d_model {d}: h3 needs an even width (head_dim 2)"
         if self.d_conv is not None and arch not in DEFAULT_DCONV:
-            yield f"--dconv: {arch} has no short conv ({', '.join(DEFAULT_DCONV)} have one)"
+            yield (f"--dconv {self.d_conv}: {arch} has no short conv ({', '.join(DEFAULT_DCONV)} "
+                   "have one)")
         if self.d_conv == 0 and arch in ("based", "base_conv"):  # y = conv(u) ⊙ (W u + b) + u
             yield f"--dconv 0: {arch}'s short-conv layers would mix no positions at all"
         if self.long_conv and arch not in ("based", "base_conv"):
@@ -1624,15 +1625,16 @@ APPLIES = dict(num_kv=("task", "ar"), n_pairs=("task", "ar"), atr=("task", "atr"
 def config_from_args(args: argparse.Namespace) -> Config:
     """The Config of the flags given, refusing flags that contradict or do not apply here."""
     run_mixer_files(args.mixer_file)
-    fields = [f.name for f in dataclasses.fields(Config)]
-    given = {name: value for name, value in vars(args).items() if name in fields}
+    flags = {f.name: f.metadata["flag"] or "--" + f.name.replace("_", "-")
+             for f in dataclasses.fields(Config)}
+    given = {name: value for name, value in vars(args).items() if name in flags}
     if "steps" in given and "epochs" in given:
         raise ValueError(f"give --steps ({args.steps}) or --epochs ({args.epochs}), not both")
     cfg = Config(**given)
     for name, (where, value) in APPLIES.items():
         if name in given and getattr(cfg, where) != value:
-            raise ValueError(f"--{name.replace('_', '-')} applies where {where} is {value}, "
-                             f"not {getattr(cfg, where)}")
+            raise ValueError(f"{flags[name]} applies where {where} is {value}, not "
+                             f"{getattr(cfg, where)}")
     return cfg
 
 
