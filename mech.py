@@ -563,7 +563,7 @@ def register_mixer(name: str, factory, d_conv: int | None = None) -> None:
     (b, l, d) -> (b, l, d); d_conv: its short conv's width, if it has one (--dconv sets
     cfg.d_conv). It may name sites of its own (section 6). train() tries it first."""
     if name in MIXERS:
-        raise ValueError(f"mixer {name!r} is taken ({', '.join(MIXERS)}); choose another name")
+        raise ValueError(f"mixer {name!r} is taken ({', '.join(MIXERS)}); choose another")
     MIXERS[name] = factory
     if d_conv is not None:
         DEFAULT_DCONV[name] = d_conv
@@ -584,12 +584,12 @@ def check_mixer(cfg, length: int) -> None:
     except Exception as e:  # its own error, in one line
         raise ValueError(f"mixer {name!r} fails: {type(e).__name__}: {e}") from None
     if y is None:
-        raise ValueError(f"mixer {name!r}: its factory returned a {type(mixer).__name__}, not "
-                         "a torch module")
+        raise ValueError(f"mixer {name!r}: its factory returned a {type(mixer).__name__}, "
+                         "not a torch module")
     clash = set(getattr(mixer, "sites", {})) & set(SITES)
     if clash:
-        raise ValueError(f"mixer {name!r} names a site {', '.join(clash)}, a block's (SITES); "
-                         "choose another name")
+        raise ValueError(f"mixer {name!r} names a site {', '.join(clash)}, a block's "
+                         "(SITES); choose another name")
     if not isinstance(y, torch.Tensor) or y.shape != x.shape:
         shape = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
         raise ValueError(f"mixer {name!r} maps {tuple(x.shape)} to {shape}; a mixer keeps "
@@ -798,8 +798,8 @@ class Config:
         if arch == "h3" and d % 2:
             yield f"d_model {d}: h3 needs an even width (head_dim 2)"
         if self.d_conv is not None and arch not in DEFAULT_DCONV:
-            yield (f"--dconv {self.d_conv}: {arch} has no short conv ({', '.join(DEFAULT_DCONV)} "
-                   "have one)")
+            yield (f"--dconv {self.d_conv}: {arch} has no short conv (these have: "
+                   f"{', '.join(DEFAULT_DCONV)})")
         if self.d_conv == 0 and arch in ("based", "base_conv"):  # y = conv(u) ⊙ (W u + b) + u
             yield f"--dconv 0: {arch}'s short-conv layers would mix no positions at all"
         if self.long_conv and arch not in ("based", "base_conv"):
@@ -1020,7 +1020,7 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
                 "the same command resumes it" if out else "nothing saved (no --out)"))
         # one optimisation step
         batch = batch_at(step)
-        torch.manual_seed(cfg.seed * 2 ** 32 + step)  # its random numbers (dropout), as resumed
+        torch.manual_seed(cfg.seed * 2 ** 32 + step)  # its random numbers (dropout) resume
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
         loss = F.cross_entropy(model(batch.ids, at=batch.pos["query"]), batch.answer)
@@ -1505,7 +1505,7 @@ def make_task(cfg: Config):
     return TASKS[cfg.task](cfg)
 
 
-# Appendix: running it ---------------------------------------------------------------------------
+# Appendix: running it ---------------------------------------------------------------------
 # The command line: flags, stop signals, the device, what a run prints (its promises: --help).
 import argparse  # noqa: E402
 import runpy  # noqa: E402
@@ -1515,6 +1515,8 @@ import threading  # noqa: E402
 from hashlib import sha1  # noqa: E402
 
 RUN_FILES = ("config.json", "checkpoint.pt", "model.pt", "metrics.json")  # --force deletes
+FLAGS = {f.name: f.metadata["flag"] or "--" + f.name.replace("_", "-")  # field -> its flag
+         for f in dataclasses.fields(Config)}
 
 
 def on_stop_signal(signum, frame):
@@ -1546,14 +1548,14 @@ def choose_device(device: str, cfg: Config) -> str:
     if cfg.arch == "mamba" and cfg.scan != "ref":
         try:
             scan_ext.kernel(torch.device(device), required=cfg.scan == "ext")
-        except RuntimeError as e:  # --scan ext where it cannot build: one line, not a traceback
+        except RuntimeError as e:  # --scan ext where it cannot build: one line
             raise RunError(str(e)) from None
     return device
 
 
 HELP = """Train one model of the paper on its task, save the run in --out, and show how it
-solved the task. Every field of mech.Config is a flag. For a given seed and thread count, a run
-is deterministic. Stopped (Ctrl-C, SIGTERM, SIGHUP), the same command resumes it exactly;
+solved the task. Every field of mech.Config is a flag. For a given seed and thread count, a
+run is deterministic. Stopped (Ctrl-C, SIGTERM, SIGHUP), the same command resumes it exactly;
 killed, it loses at most --eval-every steps (a checkpoint at each evaluation). Finished, the
 same command prints its result and its table again."""
 EXAMPLES = """examples:
@@ -1580,8 +1582,7 @@ def build_parser() -> Parser:
         allowed = f"; one of {', '.join(allowed)}" if allowed else ""
         if f.metadata["limits"]:
             allowed = "; {:,} .. {:,}".format(*f.metadata["limits"])
-        flags = (f.metadata["flag"] or "--" + f.name.replace("_", "-"), f"--{f.name}")
-        p.add_argument(*dict.fromkeys(flag.replace("_", "-") for flag in flags),
+        p.add_argument(*dict.fromkeys((FLAGS[f.name], "--" + f.name.replace("_", "-"))),
                        dest=f.name, default=argparse.SUPPRESS, **extra,
                        help=f"{f.metadata['help']}{allowed} (default: {default})")
     p.add_argument("--out", help="run folder (default: runs/<task>_<arch>_..._<its hash>)")
@@ -1625,15 +1626,13 @@ APPLIES = dict(num_kv=("task", "ar"), n_pairs=("task", "ar"), atr=("task", "atr"
 def config_from_args(args: argparse.Namespace) -> Config:
     """The Config of the flags given, refusing flags that contradict or do not apply here."""
     run_mixer_files(args.mixer_file)
-    flags = {f.name: f.metadata["flag"] or "--" + f.name.replace("_", "-")
-             for f in dataclasses.fields(Config)}
-    given = {name: value for name, value in vars(args).items() if name in flags}
+    given = {name: value for name, value in vars(args).items() if name in FLAGS}
     if "steps" in given and "epochs" in given:
         raise ValueError(f"give --steps ({args.steps}) or --epochs ({args.epochs}), not both")
     cfg = Config(**given)
     for name, (where, value) in APPLIES.items():
         if name in given and getattr(cfg, where) != value:
-            raise ValueError(f"{flags[name]} applies where {where} is {value}, not "
+            raise ValueError(f"{FLAGS[name]} applies where {where} is {value}, not "
                              f"{getattr(cfg, where)}")
     return cfg
 
@@ -1666,7 +1665,7 @@ def run(cfg: Config, args) -> dict:
         f"{cfg.n_eval}) after {metrics['steps']:,} steps in {minutes:.1f} min "
         f"({metrics['steps_per_s']:.1f} steps/s); saved in {out}")
     if args.interventions and "interventions" not in metrics:
-        say("interventions: patching every site, layer and position, Key then Value corrupted")
+        say("interventions: patching each site, layer and position, Key then Value corrupted")
         metrics["interventions"] = analyse(model, cfg)
         if cfg.held_out:  # §5.3 reads the dev documents too
             metrics["interventions_dev"] = analyse(model, cfg, "dev")
