@@ -555,18 +555,22 @@ MIXERS = {
     "mamba": lambda cfg, i: Mamba(cfg.d_model, d_conv=cfg.d_conv, scan=cfg.scan),
     "delta_net": lambda cfg, i: DeltaNet(cfg.d_model, cfg.n_head, d_conv=cfg.d_conv)}
 DEFAULT_DCONV = {"mamba": 4, "delta_net": 4, "based": 3, "base_conv": 3}  # short-conv widths
+MAMBA_BLOCKS = {"mamba"}  # the archs in Mamba's block (no MLP), with mamba_ssm's init
 MIXER_CODE = {}  # arch -> sha1 of the --mixer-file that registered it (appendix)
 
 
-def register_mixer(name: str, factory, d_conv: int | None = None) -> None:
+def register_mixer(name: str, factory, d_conv: int | None = None, mamba_block=False) -> None:
     """A mixer of your own (README, "Your own mixer"): factory(cfg, layer) -> a causal module
     (b, l, d) -> (b, l, d); d_conv: its short conv's width, if it has one (--dconv sets
-    cfg.d_conv). It may name sites of its own (section 6). train() tries it first."""
+    cfg.d_conv); mamba_block: in Mamba's block, with its init. It may name sites of its own
+    (section 6). train() tries it first."""
     if name in MIXERS:
         raise ValueError(f"mixer {name!r} is taken ({', '.join(MIXERS)}); choose another")
     MIXERS[name] = factory
     if d_conv is not None:
         DEFAULT_DCONV[name] = d_conv
+    if mamba_block:
+        MAMBA_BLOCKS.add(name)
 
 
 @torch.no_grad()
@@ -613,7 +617,7 @@ def init_weights(model: nn.Module, cfg):
     weights ~ N(0, 0.02), biases 0, and weights *named* out_proj.weight, fc2.weight or
     output_linear.0.weight ~ N(0, 0.02/√(2 n_layer)) (not H3's output_linear, Based's proj_o).
     mamba_ssm: the same embeddings and biases (not dt_proj's), out_proj kaiming / √n_layer."""
-    mamba = cfg.arch == "mamba"
+    mamba = cfg.arch in MAMBA_BLOCKS
     rescaled = ("out_proj.weight", "fc2.weight", "output_linear.0.weight")
     for name, m in model.named_modules():
         if isinstance(m, nn.Embedding) or isinstance(m, nn.Linear) and not mamba:
@@ -633,10 +637,10 @@ class LanguageModel(nn.Module):
 
     def __init__(self, cfg, vocab_size: int):
         super().__init__()
-        d = cfg.d_model
+        d, mamba = cfg.d_model, cfg.arch in MAMBA_BLOCKS
         self.tok_emb = nn.Embedding(vocab_size, d)
         self.pos_emb = nn.Embedding(L_MAX, d) if cfg.pos_emb else None
-        self.blocks = nn.ModuleList(Block(d, MIXERS[cfg.arch](cfg, i), cfg.arch == "mamba")
+        self.blocks = nn.ModuleList(Block(d, MIXERS[cfg.arch](cfg, i), mamba)
                                     for i in range(cfg.n_layer))
         self.norm_f = nn.LayerNorm(d)
         init_weights(self, cfg)
