@@ -37,7 +37,7 @@ def test_every_evaluation_stores_the_watched_attribs(runs):
         assert set(att["cells"]) == {"mixer_output[0]@query", "mixer_output[1]@query"}
         assert isinstance(att["effect"], float)
     progress = [line for line in lines if line.startswith("step")]
-    assert len(progress) == 3 and all("Attrib K/V/Q" in line for line in progress), progress
+    assert len(progress) == 3 and all("Key effect" in line for line in progress), progress
 
 
 def test_the_watched_attribs_equal_the_full_analysis_on_the_same_documents(runs):
