@@ -419,7 +419,7 @@ def small_args():
 
 
 def test_backend_ext_fails_clearly_without_the_extension(monkeypatch):
-    monkeypatch.setattr(scan_ext, "_module", RuntimeError("no compiler"))
+    monkeypatch.setattr(scan_ext, "_module", scan_ext.BuildError("no compiler"))
     with pytest.raises(RuntimeError, match="scan backend 'ext' is unavailable: no compiler"):
         mech.selective_scan(**small_args(), backend="ext")
     with pytest.raises(RuntimeError, match="unavailable"):
@@ -427,7 +427,7 @@ def test_backend_ext_fails_clearly_without_the_extension(monkeypatch):
 
 
 def test_backend_auto_falls_back_to_the_loop_and_warns_once(monkeypatch, capsys):
-    monkeypatch.setattr(scan_ext, "_module", RuntimeError("no compiler"))
+    monkeypatch.setattr(scan_ext, "_module", scan_ext.BuildError("no compiler"))
     monkeypatch.setattr(scan_ext, "_warned", False)
     args = small_args()
     want = mech.selective_scan(**args, delta_softplus=True, backend="ref")
