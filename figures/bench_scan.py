@@ -69,7 +69,7 @@ def build_old(checkout: str):
 
 
 def problem(b, l, d, n, seed=0):
-    """Mamba's inputs: u, delta, z transposed views of (b, l, d) leaves; Δ's bias as Mamba's init."""
+    """Mamba's inputs: u, delta, z transposed views of (b, l, d) leaves; Δ's bias as at init."""
     g = torch.Generator().manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=g)
     dt0 = torch.exp(torch.rand(d, generator=g) * 4.6 - 6.9)               # Δ in [1e-3, 0.1]
@@ -164,7 +164,8 @@ def main(argv=None):
         kernels["old"] = build_old(args.old)
     print(f"{args.threads} thread(s), medians of {args.repeats} rounds, torch {torch.__version__}")
     ratios = [k for k in ["old", "ref", "parallel"] if k in kernels or not args.no_slow]
-    cols = ["(b, l, d, n)", "timing", *(f"{k} ms" for k in kernels), *(f"{k} / new" for k in ratios)]
+    cols = ["(b, l, d, n)", "timing", *(f"{k} ms" for k in kernels),
+            *(f"{k} / new" for k in ratios)]
     print("\n| " + " | ".join(cols) + " |\n|---|---|" + "---:|" * (len(cols) - 2))
     for shape in SHAPES:
         med = rounds(scan_fns(kernels, shape, not args.no_slow), args.repeats)

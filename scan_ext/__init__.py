@@ -59,9 +59,10 @@ def load():
         cuda = torch.cuda.is_available() and CUDA_HOME is not None
         try:
             _module = build(cache_dir(cuda), cuda)
-        except (RuntimeError, OSError, ImportError) as e:  # OSError: a full disk, no permission
+        except (RuntimeError, OSError, ImportError, subprocess.CalledProcessError) as e:
             failed = isinstance(e.__cause__, subprocess.CalledProcessError)  # torch's build error
-            if not (failed or isinstance(e, (BuildError, OSError, ImportError))):
+            if not (failed or isinstance(e, (BuildError, OSError, ImportError,
+                                             subprocess.CalledProcessError))):
                 raise
             _module = BuildError(one_line(str(e)) or type(e).__name__)
     if isinstance(_module, BuildError):
@@ -83,15 +84,18 @@ def build(folder: str, cuda: bool):
     name = "mech_scan" + ("_cuda" if cuda else "")
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "mech.lock"), "w") as lock:
-        deadline, said = time.time() + LOCK_WAIT_S, False
-        while not try_lock(lock):
-            if not said:
-                said = True
-                print(f"mech.py: waiting for another process's build of the selective-scan kernel "
-                      f"(the lock {lock.name}, at most {LOCK_WAIT_S} s)", file=sys.stderr, flush=True)
-            if time.time() > deadline:
-                raise BuildError(f"another process has held {lock.name} for {LOCK_WAIT_S} s")
-            time.sleep(0.5)
+        for waited in range(2 * LOCK_WAIT_S + 1):  # half seconds
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not waited:
+                    print(f"mech.py: waiting for another process's build of the selective-scan "
+                          f"kernel (the lock {lock.name}, at most {LOCK_WAIT_S} s)",
+                          file=sys.stderr, flush=True)
+                time.sleep(0.5)
+        else:
+            raise BuildError(f"another process has held {lock.name} for {LOCK_WAIT_S} s")
         so = os.path.join(folder, name + ".so")
         if os.path.exists(so):  # built before (the folder is named after the sources): no compiler
             spec = importlib.util.spec_from_file_location(name, so)
@@ -118,14 +122,6 @@ def build(folder: str, cuda: bool):
                           build_directory=folder, verbose=False, **flags(cuda))
 
 
-def try_lock(f) -> bool:
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-
-
 def kernel(device: torch.device, required: bool):
     """The compiled scan as a function with selective_scan_ref's signature, for tensors on
     `device`. If it cannot be had: RuntimeError when required, else None after a one-line warning
@@ -134,7 +130,7 @@ def kernel(device: torch.device, required: bool):
     try:
         ext = load()
         if device.type == "cuda" and not ext.has_cuda():
-            raise BuildError("it was built without its CUDA kernel (no nvcc, or torch without CUDA)")
+            raise BuildError("it was built without its CUDA kernel (no nvcc, or a CPU torch)")
     except BuildError as e:
         if required:
             raise RuntimeError(f"scan backend 'ext' is unavailable: {e}") from None

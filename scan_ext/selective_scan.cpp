@@ -5,12 +5,13 @@
 // sequential over time; the tasks run on OpenMP threads. Per channel (mamba-ssm's
 // selective_scan_ref, real A, B and C per token), with G_t = ∂loss/∂out_t and g_t = ∂loss/∂h_t:
 //
-//   forward:   Δ_t = softplus(delta_t + bias)  (if asked; above 20 the identity),  a_t = exp(Δ_t A),
+//   forward:   Δ_t = softplus(delta_t + bias)  (if asked; above 20 the identity),  a_t = exp(Δ_t A)
 //              h_t = a_t ⊙ h_{t-1} + Δ_t u_t B_t  (h_{-1} = 0),  y_t = C_t · h_t + D u_t,
 //              out_t = y_t SiLU(z_t)  (if z is given)
 //   backward:  dy_t = G_t SiLU(z_t),  dz_t = G_t y_t σ(z_t) (1 + z_t (1 - σ(z_t)))  (no z: dy = G),
 //              g_t = dy_t C_t + a_{t+1} ⊙ g_{t+1}  (from t = l-1 down),  dD += dy_t u_t,
-//              du_t = D dy_t + Δ_t Σ_k g_t,k B_t,k,  dΔ_t = Σ_k g_t,k (u_t B_t,k + A_k a_t,k h_{t-1},k),
+//              du_t = D dy_t + Δ_t Σ_k g_t,k B_t,k,
+//              dΔ_t = Σ_k g_t,k (u_t B_t,k + A_k a_t,k h_{t-1},k),
 //              dA += Δ_t g_t ⊙ a_t ⊙ h_{t-1},  dB_t += Δ_t u_t g_t,  dC_t += dy_t h_t,
 //              ddelta_t = dΔ_t σ(delta_t + bias) with softplus (1 above 20),  dbias += ddelta_t
 //
@@ -167,19 +168,22 @@ void backward_cpu(const Problem& p, const Strided& dout, const Strided& du, cons
   });
 }
 
-Strided strided(const torch::Tensor& x) { return {x.data_ptr(), x.stride(0), x.stride(1), x.stride(2)}; }
+Strided strided(const torch::Tensor& x) {
+  return {x.data_ptr(), x.stride(0), x.stride(1), x.stride(2)};
+}
 const void* data(const std::optional<torch::Tensor>& x) { return x ? x->data_ptr() : nullptr; }
 
 // The inputs as both kernels take them; each way to get them wrong has its own line.
 Problem problem(const torch::Tensor& u, const torch::Tensor& delta, const torch::Tensor& A,
-                const torch::Tensor& B, const torch::Tensor& C, const std::optional<torch::Tensor>& D,
-                const std::optional<torch::Tensor>& z, const std::optional<torch::Tensor>& bias,
-                bool softplus) {
+                const torch::Tensor& B, const torch::Tensor& C,
+                const std::optional<torch::Tensor>& D, const std::optional<torch::Tensor>& z,
+                const std::optional<torch::Tensor>& bias, bool softplus) {
   TORCH_CHECK(u.dim() == 3 && delta.sizes() == u.sizes(), "u and delta must be (b, d, l) alike");
   const int64_t b = u.size(0), d = u.size(1), l = u.size(2), n = A.dim() == 2 ? A.size(1) : -1;
   TORCH_CHECK(A.dim() == 2 && A.size(0) == d && n <= kMaxState, "A must be (d, n), n <= 256");
   TORCH_CHECK(B.sizes() == torch::IntArrayRef({b, l, n}) && C.sizes() == B.sizes(),
-              "B and C must be (b, l, n) = (", b, ", ", l, ", ", n, "), got ", B.sizes(), C.sizes());
+              "B and C must be (b, l, n) = (", b, ", ", l, ", ", n, "), got ", B.sizes(),
+              C.sizes());
   TORCH_CHECK(A.is_contiguous() && B.is_contiguous() && C.is_contiguous(),
               "A, B and C must be contiguous");
   for (const auto* v : {&D, &bias})

@@ -24,7 +24,7 @@ struct Problem {
 const char* forward_cuda(const Problem& p, Strided out, bool fp64, void* stream);
 
 // One thread per (b, d) channel; per-channel partial sums, reduced by the caller:
-//   dA_b (b, n, d), dD_b (b, d), dbias_b (b, d), dB_bd and dC_bd (b, l, n, d); H (b, l, n, d) scratch.
+//   dA_b (b, n, d), dD_b and dbias_b (b, d), dB_bd and dC_bd (b, l, n, d); H (b, l, n, d) scratch.
 const char* backward_cuda(const Problem& p, Strided dout, Strided du, Strided ddelta, Strided dz,
                           void* dA_b, void* dB_bd, void* dC_bd, void* dD_b, void* dbias_b, void* H,
                           bool fp64, void* stream);

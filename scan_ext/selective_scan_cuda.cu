@@ -3,11 +3,11 @@
 // keeps the GPU busy without the block-wide parallel scan of the official kernel, which pays off
 // only for long sequences. The equations, as in selective_scan.cpp (g_t = ∂loss/∂h_t):
 //
-//   forward:   Δ_t = softplus(delta_t + bias),  a_t = exp(Δ_t A),  h_t = a_t ⊙ h_{t-1} + Δ_t u_t B_t,
+//   forward:   Δ_t = softplus(delta_t + bias), a_t = exp(Δ_t A),  h_t = a_t ⊙ h_{t-1} + Δ_t u_t B_t
 //              y_t = C_t · h_t + D u_t,  out_t = y_t · SiLU(z_t)
 //   backward:  g_t = dy_t C_t + a_{t+1} ⊙ g_{t+1};  du_t = D dy_t + Σ_k g_t,k Δ_t B_t,k;
 //              dΔ_t = Σ_k g_t,k (B_t,k u_t + A_k a_t,k h_{t-1},k);  dA += g_t Δ_t a_t h_{t-1};
-//              dB_t += g_t Δ_t u_t;  dC_t += dy_t h_t  (per channel here, summed over d by the caller)
+//              dB_t += g_t Δ_t u_t;  dC_t += dy_t h_t  (per channel here, summed by the caller)
 //
 // Threads of a warp are consecutive channels of one batch row, so reads of u, delta, z (whose
 // d-stride is 1 in Mamba's layout) and of the (b, l, n, d) scratch are coalesced, and B_t, C_t are
@@ -71,7 +71,8 @@ __global__ void backward_kernel(Problem p, Strided dout, Strided du, Strided dde
   const int64_t row = task / p.d, ch = task % p.d, n = p.n, l = p.l, d = p.d;
   const T* A = static_cast<const T*>(p.A) + ch * n;
   const T Dc = p.D ? static_cast<const T*>(p.D)[ch] : T(0);
-  auto idx = [&](int64_t t, int64_t k) { return ((row * l + t) * n + k) * d + ch; };  // (b, l, n, d)
+  // (t, k) of this channel in the (b, l, n, d) scratch
+  auto idx = [&](int64_t t, int64_t k) { return ((row * l + t) * n + k) * d + ch; };
   T h[MAXN], g[MAXN], dA[MAXN], Ak[MAXN];
 #pragma unroll
   for (int k = 0; k < MAXN; ++k) { h[k] = g[k] = dA[k] = T(0); Ak[k] = k < n ? A[k] : T(0); }
@@ -181,8 +182,9 @@ const char* backward_cuda(const Problem& p, Strided dout, Strided du, Strided dd
                           void* dA_b, void* dB_bd, void* dC_bd, void* dD_b, void* dbias_b, void* H,
                           bool fp64, void* stream) {
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  return fp64 ? dispatch_bwd<double>(p, dout, du, ddelta, dz, dA_b, dB_bd, dC_bd, dD_b, dbias_b, H, s)
-              : dispatch_bwd<float>(p, dout, du, ddelta, dz, dA_b, dB_bd, dC_bd, dD_b, dbias_b, H, s);
+  if (fp64) return dispatch_bwd<double>(p, dout, du, ddelta, dz, dA_b, dB_bd, dC_bd, dD_b, dbias_b,
+                                        H, s);
+  return dispatch_bwd<float>(p, dout, du, ddelta, dz, dA_b, dB_bd, dC_bd, dD_b, dbias_b, H, s);
 }
 
 }  // namespace scan

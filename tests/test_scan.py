@@ -644,3 +644,51 @@ def test_the_loop_is_the_recurrence_written_out():
     for backend in ("ref", "auto"):
         torch.testing.assert_close(mech.selective_scan(**kw, delta_softplus=True, backend=backend),
                                    want)
+
+
+# ── the loader's failures, one true line each ────────────────────────────────────────────────
+
+@pytest.mark.parametrize("shape, form", [((1, 4, 2), "wrong size"), ((2, 4), "constant"),
+                                         ((1, 1, 4, 3), "grouped")])
+def test_forms_of_B_the_kernel_does_not_take_are_named(shape, form):
+    scan_extension_or_skip()
+    args = {k: v if v is None else v.detach() for k, v in small_args().items()}  # B (1, 4, 3)
+    args["B"] = torch.randn(shape)
+    with pytest.raises(ValueError, match=r"B must be per token, \(b, n, l\) = \(1, 4, 3\), not"):
+        mech.selective_scan(**args, backend="ext")
+
+
+def run_loader(env, code="import scan_ext; print(scan_ext.load().__file__)", **kw):
+    return subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, **env),
+                            cwd=os.path.dirname(os.path.dirname(scan_ext.__file__)), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+
+def test_a_cached_build_needs_no_compiler_and_a_wait_is_announced():
+    import fcntl
+    ext = scan_extension_or_skip()  # the shared cache now holds the build
+    with open(os.path.join(os.path.dirname(ext.__file__), "mech.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # as another process's build would
+        run = run_loader({"CXX": "no-such-compiler"})
+        line = run.stderr.readline()
+        assert "waiting for another process's build" in line and lock.name in line, line
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 0 and out.strip() == ext.__file__, err
+
+
+def test_a_failed_build_is_reported_by_its_error_line_not_ninjas(tmp_path):
+    """A full disk, as the compiler reports it: the one line is the compiler's, not ninja's last."""
+    if shutil.which("ninja") is None and not shutil.which(os.path.join(os.path.dirname(
+            sys.executable), "ninja")):
+        pytest.skip("no ninja")
+    fake = tmp_path / "c++"
+    fake.write_text("#!/bin/sh\ncase \"$*\" in *' -c '*) ;; *) echo 12.2.0; exit 0;; esac\n"
+                    "echo 'cc1plus: fatal error: error writing to /tmp/ccX.s: No space left on "
+                    "device' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    code = ("import torch, scan_ext; print(scan_ext.kernel(torch.device('cpu'), required=False))")
+    run = run_loader({"CXX": str(fake), "MECH_SCAN_CACHE": str(tmp_path / "cache")}, code)
+    out, err = run.communicate(timeout=300)
+    assert run.returncode == 0 and out.strip() == "None", err
+    warning = [s for s in err.splitlines() if "warning" in s]
+    assert len(warning) == 1 and "No space left on device" in warning[0], err
