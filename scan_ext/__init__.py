@@ -2,7 +2,8 @@
 
 mech.py shows the scan as a readable loop (selective_scan_ref) and reaches this fast path through
 one call, kernel(device, required). The kernels only make that loop fast:
-    selective_scan.cpp        forward and backward on the CPU, and the torch binding
+    selective_scan.cpp        forward and backward on the CPU
+    binding.cpp               the torch binding of both kernels
     selective_scan_cuda.cu    the same on CUDA, built only where torch sees a GPU and nvcc exists
 torch.utils.cpp_extension.load compiles them on first use (about a minute) in a folder named after
 the sources, the flags, the CPU and torch ($MECH_SCAN_CACHE/<key>/, else ~/.cache/mech_scan/<key>/).
@@ -20,7 +21,7 @@ import time
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = ("selective_scan.cpp", "selective_scan_cuda.cu", "selective_scan.h")
+SOURCES = ("selective_scan.cpp", "binding.cpp", "selective_scan_cuda.cu", "selective_scan.h")
 LOCK_WAIT_S = 600  # a build takes about a minute; a lock held this long is another process's hang
 _module = None     # the compiled module, or the BuildError its build raised (not retried)
 _warned = False

@@ -7,6 +7,8 @@
 
 namespace scan {
 
+constexpr int64_t kMaxState = 256;  // as mamba-ssm: d_state <= 256
+
 struct Strided {  // a (b, d, l) tensor: element (row, ch, t) is p[row * sb + ch * sd + t * sl]
   void* p = nullptr;
   int64_t sb = 0, sd = 0, sl = 0;
@@ -18,6 +20,12 @@ struct Problem {
   bool softplus;
   int64_t b, d, l, n;
 };
+
+// The CPU kernel (selective_scan.cpp): out = scan(p); dA_b (b, d, n), dD_b and dbias_b (b, d) per
+// row, summed by the caller, dB and dC (b, l, n). fp64 selects double, else float.
+void forward_cpu(const Problem& p, Strided out, bool fp64);
+void backward_cpu(const Problem& p, Strided dout, Strided du, Strided ddelta, Strided dz,
+                  void* dA_b, void* dB, void* dC, void* dD_b, void* dbias_b, bool fp64);
 
 // The CUDA kernel (selective_scan_cuda.cu). Each returns nullptr, or the launch's error message.
 // out = scan(p). fp64 selects double, else float; stream is a cudaStream_t.
