@@ -7,6 +7,8 @@ and A (1e-3, 5e-3); float64 agrees to round-off. Tests that need the extension s
 reason, where it cannot be built (no compiler); CUDA tests skip where torch sees no GPU, and
 the compile check of the CUDA source where nvcc is not on the PATH.
 """
+import ctypes
+import hashlib
 import os
 import shutil
 import subprocess
@@ -412,6 +414,90 @@ def test_cuda_source_compiles_with_nvcc(tmp_path):
     assert obj.stat().st_size > 0
 
 
+# ── the CUDA kernel, run on the CPU ─────────────────────────────────────────────────────────
+
+class Strided(ctypes.Structure):  # selective_scan.h's structs, field for field
+    _fields_ = [("p", ctypes.c_void_p), ("sb", ctypes.c_int64), ("sd", ctypes.c_int64),
+                ("sl", ctypes.c_int64)]
+
+
+class Problem(ctypes.Structure):
+    _fields_ = [("u", Strided), ("delta", Strided), ("z", Strided),
+                *((k, ctypes.c_void_p) for k in ("A", "B", "C", "D", "bias")),
+                ("softplus", ctypes.c_bool), *((k, ctypes.c_int64) for k in "bdln")]
+
+
+def cuda_kernel_on_cpu():
+    """selective_scan_cuda.cu compiled as C++ with tests/cuda_on_cpu.h (a second or two with g++,
+    then cached by content beside the extension's builds), loaded with ctypes."""
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        pytest.skip(f"no C++ compiler ({compiler!r})")
+    here, src = os.path.dirname(os.path.abspath(__file__)), os.path.dirname(scan_ext.__file__)
+    files = [os.path.join(src, "selective_scan_cuda.cu"), os.path.join(src, "selective_scan.h"),
+             os.path.join(here, "cuda_on_cpu.h")]
+    key = hashlib.sha1(b"".join(open(f, "rb").read() for f in files)).hexdigest()[:16]
+    lib = os.path.join(os.path.dirname(scan_ext.cache_dir(False)), f"cuda_on_cpu_{key}.so")
+    if not os.path.exists(lib):
+        os.makedirs(os.path.dirname(lib), exist_ok=True)
+        subprocess.run([compiler, "-x", "c++", "-std=c++17", "-O1", "-shared", "-fPIC", "-include",
+                        files[2], "-I", src, files[0], "-o", lib + ".tmp"], check=True)
+        os.replace(lib + ".tmp", lib)
+    cdll = ctypes.CDLL(lib)
+    cdll.forward.restype = cdll.backward.restype = ctypes.c_char_p
+    return cdll
+
+
+def cuda_scan_on_cpu(lib, G, u, delta, A, B, C, D, z, delta_bias, softplus):
+    """The output and the gradients of <out, G>, as selective_scan.cpp's CUDA branch computes them:
+    B and C as (b, l, n), per-channel partial sums (b, l, n, d) summed here."""
+    u, delta, z, G = (None if x is None else x.detach() for x in (u, delta, z, G))
+    A, D, delta_bias = (None if x is None else x.detach().contiguous() for x in (A, D, delta_bias))
+    B, C = (x.detach().transpose(1, 2).contiguous() for x in (B, C))
+    (b, d, l), n = u.shape, A.shape[1]
+    view = lambda x: Strided(x.data_ptr(), *x.stride()) if x is not None else Strided()
+    ptr = lambda x: None if x is None else x.data_ptr()
+    p = Problem(view(u), view(delta), view(z), ptr(A), ptr(B), ptr(C), ptr(D), ptr(delta_bias),
+                softplus, b, d, l, n)
+    fp64 = u.dtype == torch.float64
+    out, du, ddelta = torch.empty_like(u), torch.empty_like(u), torch.empty_like(u)
+    dz = None if z is None else torch.empty_like(z)
+    assert lib.forward(ctypes.byref(p), ctypes.byref(view(out)), fp64) is None
+    sums = [u.new_empty(s) for s in [(b, n, d), (b, l, n, d), (b, l, n, d), (b, d), (b, d),
+                                     (b, l, n, d)]]
+    grads = (Strided * 4)(view(G), view(du), view(ddelta), view(dz))
+    assert lib.backward(ctypes.byref(p), grads, (ctypes.c_void_p * 6)(*map(ptr, sums)), fp64) is None
+    dA_b, dB_bd, dC_bd, dD_b, dbias_b, _ = sums
+    got = dict(u=du, delta=ddelta, A=dA_b.sum(0).t(), B=dB_bd.sum(-1).transpose(1, 2),
+               C=dC_bd.sum(-1).transpose(1, 2), D=dD_b.sum(0), z=dz, delta_bias=dbias_b.sum(0))
+    return out, got
+
+
+# n in {1, 16, 17, 64, 65, 256} (each side of the kernel's MAXN bounds 16, 64, 256), in fp32 and
+# fp64; odd b, d, l; D, z, delta_bias and softplus each on and off, three layouts; d = 67 makes two
+# blocks of 128 threads with some threads past the end
+CUDA_ON_CPU = [
+    (1, True, True, True, True, "mamba"), (16, False, False, False, False, "contiguous"),
+    (17, True, False, True, False, "transposed"), (64, False, True, False, True, "mamba"),
+    (65, True, True, False, True, "contiguous"), (256, False, False, True, False, "transposed"),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("nn_, use_D, use_z, use_bias, softplus, layout", CUDA_ON_CPU)
+def test_cuda_kernel_run_on_the_cpu_matches_ref(nn_, use_D, use_z, use_bias, softplus, layout,
+                                                dtype):
+    lib = cuda_kernel_on_cpu()
+    nd = 67 if nn_ in (1, 17, 65) else 5
+    make = scan_problem(3, nd, 9, nn_, use_D, use_z, use_bias, softplus, dtype=dtype,
+                        layout=layout, seed=nn_)
+    out_w, grads_w = run_scan(make(), softplus, "ref")
+    G = torch.randn(out_w.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    out, grads = cuda_scan_on_cpu(lib, G.to(dtype), **make(), softplus=softplus)
+    assert_same_scan((out, {k: grads[k] for k in grads_w}), (out_w, grads_w),
+                     TOL64 if dtype == torch.float64 else None)
+
+
 # ── choosing the backend ─────────────────────────────────────────────────────────────────────
 
 def small_args():
@@ -419,7 +505,7 @@ def small_args():
 
 
 def test_backend_ext_fails_clearly_without_the_extension(monkeypatch):
-    monkeypatch.setattr(scan_ext, "_module", RuntimeError("no compiler"))
+    monkeypatch.setattr(scan_ext, "_module", scan_ext.BuildError("no compiler"))
     with pytest.raises(RuntimeError, match="scan backend 'ext' is unavailable: no compiler"):
         mech.selective_scan(**small_args(), backend="ext")
     with pytest.raises(RuntimeError, match="unavailable"):
@@ -427,7 +513,7 @@ def test_backend_ext_fails_clearly_without_the_extension(monkeypatch):
 
 
 def test_backend_auto_falls_back_to_the_loop_and_warns_once(monkeypatch, capsys):
-    monkeypatch.setattr(scan_ext, "_module", RuntimeError("no compiler"))
+    monkeypatch.setattr(scan_ext, "_module", scan_ext.BuildError("no compiler"))
     monkeypatch.setattr(scan_ext, "_warned", False)
     args = small_args()
     want = mech.selective_scan(**args, delta_softplus=True, backend="ref")
@@ -558,3 +644,51 @@ def test_the_loop_is_the_recurrence_written_out():
     for backend in ("ref", "auto"):
         torch.testing.assert_close(mech.selective_scan(**kw, delta_softplus=True, backend=backend),
                                    want)
+
+
+# ── the loader's failures, one true line each ────────────────────────────────────────────────
+
+@pytest.mark.parametrize("shape, form", [((1, 4, 2), "wrong size"), ((2, 4), "constant"),
+                                         ((1, 1, 4, 3), "grouped")])
+def test_forms_of_B_the_kernel_does_not_take_are_named(shape, form):
+    scan_extension_or_skip()
+    args = {k: v if v is None else v.detach() for k, v in small_args().items()}  # B (1, 4, 3)
+    args["B"] = torch.randn(shape)
+    with pytest.raises(ValueError, match=r"B must be per token, \(b, n, l\) = \(1, 4, 3\), not"):
+        mech.selective_scan(**args, backend="ext")
+
+
+def run_loader(env, code="import scan_ext; print(scan_ext.load().__file__)", **kw):
+    return subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, **env),
+                            cwd=os.path.dirname(os.path.dirname(scan_ext.__file__)), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+
+def test_a_cached_build_needs_no_compiler_and_a_wait_is_announced():
+    import fcntl
+    ext = scan_extension_or_skip()  # the shared cache now holds the build
+    with open(os.path.join(os.path.dirname(ext.__file__), "mech.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # as another process's build would
+        run = run_loader({"CXX": "no-such-compiler"})
+        line = run.stderr.readline()
+        assert "waiting for another process's build" in line and lock.name in line, line
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 0 and out.strip() == ext.__file__, err
+
+
+def test_a_failed_build_is_reported_by_its_error_line_not_ninjas(tmp_path):
+    """A full disk, as the compiler reports it: the one line is the compiler's, not ninja's last."""
+    if shutil.which("ninja") is None and not shutil.which(os.path.join(os.path.dirname(
+            sys.executable), "ninja")):
+        pytest.skip("no ninja")
+    fake = tmp_path / "c++"
+    fake.write_text("#!/bin/sh\ncase \"$*\" in *' -c '*) ;; *) echo 12.2.0; exit 0;; esac\n"
+                    "echo 'cc1plus: fatal error: error writing to /tmp/ccX.s: No space left on "
+                    "device' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    code = ("import torch, scan_ext; print(scan_ext.kernel(torch.device('cpu'), required=False))")
+    run = run_loader({"CXX": str(fake), "MECH_SCAN_CACHE": str(tmp_path / "cache")}, code)
+    out, err = run.communicate(timeout=300)
+    assert run.returncode == 0 and out.strip() == "None", err
+    warning = [s for s in err.splitlines() if "warning" in s]
+    assert len(warning) == 1 and "No space left on device" in warning[0], err
