@@ -9,7 +9,6 @@ preset's `eval_every` training steps and one watch_mechanism call on the same mo
 the medians and their ratio: the time a default run takes longer (target: at most 10 %). The
 evaluation itself (accuracy on the test documents) is there with or without it. Not a test.
 """
-import argparse
 import os
 import statistics
 import sys
@@ -47,11 +46,13 @@ def timings(cfg: mech.Config, repeats: int) -> tuple:
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--arch", nargs="*", default=list(mech.MIXERS))
-    p.add_argument("--task", nargs="*", default=["ar", "atr"])
+    p = mech.Parser(description=__doc__.splitlines()[0])  # bad input: one line, as mech.py
+    p.add_argument("--arch", nargs="*", default=list(mech.MIXERS), choices=list(mech.MIXERS))
+    p.add_argument("--task", nargs="*", default=["ar", "atr"], choices=["ar", "atr"])
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
+    if args.repeats < 1:  # one line, as mech.py says it, not a traceback
+        p.error(f"--repeats must be >= 1, got {args.repeats}")
     torch.set_num_threads(1)
     print("| task | arch | eval_every training steps (s) | watch_mechanism (s) | overhead |\n"
           "|---|---|---:|---:|---:|")

@@ -229,8 +229,8 @@ def conv_variant(r: dict) -> str:
     """How a run's convolutions depart from the paper's main results ('' if they do not)."""
     if r["long_conv"]:
         return " long conv"
-    default = mech.DEFAULT_DCONV.get(r["arch"]) if r["arch"] != "base_conv" else None
-    return "" if r["d_conv"] == default else f" d_conv {r['d_conv']}"
+    default = mech.DEFAULT_DCONV.get(r["arch"])  # None: base_conv's runs before it had one
+    return "" if r["d_conv"] in (default, None) else f" d_conv {r['d_conv']}"
 
 
 def pe_variant(r: dict) -> str:
@@ -418,13 +418,8 @@ def dynamics_table(records: list) -> str:
 # ── the report's numbers, recounted from the committed runs (numbers.md) ─────────────────────
 # figures/README.md and README.md quote them; tests/test_report_numbers.py checks both ways
 
-# The verdict rule of the report, made a rule a reader can recount. Size: a mean accuracy within
-# ACC_SIZE of the paper's number at d = 64 (its best learning rate, one seed); each mean Attrib
-# within ATTRIB_SIZE of the paper's median (pooled over all its widths and rates). Direction: an
-# accuracy on the same side as the paper's of the task's line between learning and not (AR: 0.5;
-# ATR: the copy-next-token baseline; the sibling task: copying the Query); a mechanism of the same
-# class as the paper's (induction: the Value's Attrib is the largest of Key, Value and Query;
-# retrieval: the Key's or the Query's is).
+# The verdict rule of the report, stated once (RULE, printed at the head of numbers.md and quoted
+# by figures/README.md), applied by accuracy_direction, label and mechanism_item below.
 ACC_SIZE = 0.05
 ATTRIB_SIZE = 0.1
 POSITIONS3 = ("key", "value", "query")
@@ -433,9 +428,49 @@ MAIN_SWEEPS = ("ar-main", "ar-dconv", "ar-based-conv", "ar-layers", "atr-main", 
 OTHER_SWEEPS = ("pos-embed", "atr-layers", "atr-gen", "atr-sibling")
 
 
+RULE = ("A verdict compares our mean over seeds with the paper's number. Size: an accuracy (or a "
+        f"PE - NoPE gap) within {ACC_SIZE} of the paper's at the same width, each Attrib within "
+        f"{ATTRIB_SIZE} of the paper's median (pooled over all its widths and learning rates). "
+        "Direction: an accuracy on the paper's side of the task's line between learning and not "
+        "(AR 0.5, ATR the copy-next-token baseline, the sibling task copying the Query; held "
+        "out: test at least 0.2 below dev, as in the paper), and where the paper's accuracy lies "
+        "on the failing side of that line, also at least half the paper's value or within "
+        f"{ACC_SIZE} of it (so a run that learned nothing fails where the paper's learned a "
+        "little); a PE - NoPE gap (App. D.1 compares gaps, not accuracies) of the paper's sign "
+        f"(where the paper's is 0, within {ACC_SIZE} of 0); a mechanism of the paper's class "
+        "(induction: the Value's Attrib the largest of Key, Value and Query; retrieval: the "
+        "Key's or the Query's); C5's share of the conv: conv_output[0] @Value+1 >= 0.9 in every "
+        "run. Labels: reproduced (direction and size), direction only (direction, not size), "
+        "not reproduced (not direction); a group of items (a claim's models, a preset's seeds) "
+        "is partly where its items' labels differ. Two presets agree on a claim where every "
+        "seed of both gets the same per-run verdict (mech.py's words) and, for Mamba's conv, "
+        "the same C5 label; else they differ.")
+
+
 def label(direction: bool, size: bool) -> str:
     return "reproduced" if direction and size else "direction only" if direction \
         else "not reproduced"
+
+
+def group_label(labels) -> str:
+    """A group's label: its items' one label, or partly where they differ."""
+    labels = set(labels)
+    return labels.pop() if len(labels) == 1 else "partly"
+
+
+def accuracy_direction(ours: float, paper: float, line: float) -> bool:
+    """On the paper's side of the task's line; where the paper's accuracy is on the failing side,
+    also at least half the paper's value or within ACC_SIZE of it (RULE)."""
+    if (ours > line) != (paper > line):
+        return False
+    return paper > line or ours >= min(paper / 2, paper - ACC_SIZE)
+
+
+def gap_direction(ours: float, paper: float) -> bool:
+    """A PE - NoPE gap of the paper's sign (where the paper's rounds to 0: within ACC_SIZE of 0)."""
+    if round(paper, 3) == 0:
+        return abs(ours) <= ACC_SIZE
+    return ours * paper > 0
 
 
 def mean_sd(values) -> str:
@@ -466,7 +501,7 @@ def mechanism_class(a: dict) -> str:
 def accuracy_item(name: str, runs: list, paper: float, line: float) -> tuple:
     ours = np.mean([r["accuracy"] for r in runs])
     return (name, mean_sd(r["accuracy"] for r in runs), f"{paper:.3f}",
-            label((ours > line) == (paper > line), abs(ours - paper) <= ACC_SIZE))
+            label(accuracy_direction(ours, paper, line), abs(ours - paper) <= ACC_SIZE))
 
 
 def mechanism_item(name: str, runs: list, paper: dict) -> tuple:
@@ -474,6 +509,16 @@ def mechanism_item(name: str, runs: list, paper: dict) -> tuple:
     size = all(abs(ours[p] - paper[p]) <= ATTRIB_SIZE for p in POSITIONS3)
     return (name, attribs_text(ours), attribs_text(paper),
             label(mechanism_class(ours) == mechanism_class(paper), size))
+
+
+def conv_carries(r: dict) -> bool:
+    """C5: Mamba's layer-0 conv at Value+1 carries the association (Attrib >= 0.9)."""
+    return r["conv"].get("value+1", 0) >= 0.9
+
+
+def conv_label(runs: list) -> str:
+    """C5's label of a group of runs: reproduced where the conv carries it in every run."""
+    return group_label("reproduced" if conv_carries(r) else "not reproduced" for r in runs)
 
 
 def report_numbers(runs_root: str, cpu=None) -> list:
@@ -527,10 +572,9 @@ def report_numbers(runs_root: str, cpu=None) -> list:
     # C5: the conv at Value+1 carries the association (>= 0.9) in how many Mamba AR runs
     conv_runs = [r for r in ar if r["arch"] == "mamba"] + [
         r for r in pp if r["task"] == "ar" and r["arch"] == "mamba" and reacts(r)]
-    carried = [r for r in conv_runs if r["conv"].get("value+1", 0) >= 0.9]
+    carried = [r for r in conv_runs if conv_carries(r)]
     items.append(("C5 conv_output[0] @Value+1 >= 0.9", f"{len(carried)} of {len(conv_runs)} runs",
-                  "-", "partly" if 0 < len(carried) < len(conv_runs) else
-                  "reproduced" if carried else "not reproduced"))
+                  "-", conv_label(conv_runs)))
     atr, _, models = main_atr(cpu)
     for s in mech.ATR_SETTINGS:
         for m in models:
@@ -554,20 +598,9 @@ def report_numbers(runs_root: str, cpu=None) -> list:
     items.append(accuracy_item("C6 ATR easy attention, paper protocol", runs,
                                at64(PAPER["atr_accuracy"]["easy", "attention"]),
                                PAPER["atr_copy_next_token"]["easy"]))
-    # App. D.1: Attention without its position embedding, and its gap to PE
-    ar2 = [r for r in cpu if r["task"] == "ar" and r["n_layer"] == 2 and not conv_variant(r)]
-    for s in ("ar", "easy", "medium"):
-        rs = ar2 if s == "ar" else [r for r in atr if r["atr"] == s]
-        name = "D.1 AR attention" if s == "ar" else f"D.1 ATR {s} attention"
-        line = 0.5 if s == "ar" else PAPER["atr_copy_next_token"][s]
-        nope = [r for r in rs if atr_model(r) == "attention NoPE"]
-        pe = [r for r in rs if atr_model(r) == "attention"]
-        paper = {v: at64(PAPER["pos_embed"][s, "attention", v]) for v in ("PE", "NoPE")}
-        items.append(accuracy_item(f"{name} NoPE", nope, paper["NoPE"], line))
-        gap = np.mean([r["accuracy"] for r in pe]) - np.mean([r["accuracy"] for r in nope])
-        paper_gap = paper["PE"] - paper["NoPE"]
-        items.append((f"{name} PE - NoPE", f"{gap:+.3f}", f"{paper_gap:+.3f}",
-                      label(gap * paper_gap > 0, abs(gap - paper_gap) <= ACC_SIZE)))
+    # App. D.1 compares PE - NoPE gaps (what a position embedding changes), model by model; the
+    # NoPE accuracy of Attention is quoted beside them, its verdict C6's (ATR) or none (AR)
+    items += pe_gap_items(cpu, atr)
     # App. D.2: one layer on ATR easy
     for a in ARCHS:
         runs = [r for r in group(cpu, task="atr", atr="easy", arch=a, n_layer=1)
@@ -589,6 +622,10 @@ def report_numbers(runs_root: str, cpu=None) -> list:
             items.append((f"5.3 ATR held-out {a} {split}", mean_sd(r[read] for r in runs),
                           f"{at64(paper[split]):.3f}",
                           label(poor, abs(ours - at64(paper[split])) <= ACC_SIZE)))
+        for split in ("dev", "test"):  # atr_gen_box: the Attribs on each split's documents
+            read = [r | r["dev"] for r in runs if "dev" in r] if split == "dev" else runs
+            if any(map(reacts, read)) and (box := PAPER["atr_gen_mechanism"].get((split, a))):
+                items.append(mechanism_item(f"5.3 ATR held-out {a} {split} Attribs", read, box))
     # App. D.4: the sibling task
     for n in (1, 2, 3):
         for a in ARCHS:
@@ -629,6 +666,37 @@ def report_numbers(runs_root: str, cpu=None) -> list:
     return items + class_items(runs_root, cpu)
 
 
+def pe_gap_items(cpu: list, atr: list) -> list:
+    """App. D.1 (pos_embed): per setting and model, the PE - NoPE gap of the mean accuracies
+    against the paper's, by RULE; Attention's NoPE accuracy on AR is quoted with no verdict."""
+    at64 = lambda values: values[WIDTHS.index(64)]
+    ar2 = [r for r in cpu if r["task"] == "ar" and r["n_layer"] == 2 and not conv_variant(r)]
+    atr2 = [r for r in cpu if r["task"] == "atr" and r["n_layer"] == 2 and not conv_variant(r)
+            and main_question(r)]
+    items = []
+    for s in ("ar", "easy", "medium"):
+        rs = ar2 if s == "ar" else [r for r in atr2 if r["atr"] == s]
+        where = "AR" if s == "ar" else f"ATR {s}"
+        if s == "ar":
+            nope = [r for r in rs if r["arch"] == "attention" and not r["pos_emb"]]
+            items.append((f"D.1 AR attention NoPE", mean_sd(r["accuracy"] for r in nope),
+                          f"{at64(PAPER['pos_embed']['ar', 'attention', 'NoPE']):.3f}", "-"))
+        for a in ARCHS:
+            pe = [r for r in rs if r["arch"] == a and r["pos_emb"]]
+            nope = [r for r in rs if r["arch"] == a and not r["pos_emb"]]
+            if not pe or not nope:
+                continue
+            gap = np.mean([r["accuracy"] for r in pe]) - np.mean([r["accuracy"] for r in nope])
+            paper = {v: PAPER["pos_embed"].get((s, a, v)) for v in ("PE", "NoPE")}
+            if None in paper.values():
+                items.append((f"D.1 {where} {a} PE - NoPE", f"{gap:+.3f}", "-", "-"))
+                continue
+            paper_gap = at64(paper["PE"]) - at64(paper["NoPE"])
+            items.append((f"D.1 {where} {a} PE - NoPE", f"{gap:+.3f}", f"{paper_gap:+.3f}",
+                          label(gap_direction(gap, paper_gap), abs(gap - paper_gap) <= ACC_SIZE)))
+    return items
+
+
 # The class preset's claims (README.md, "The paper in one class"): each a model of the main AR or
 # ATR easy results, read beside the CPU preset's runs of the same model
 CLASS_CLAIMS = (("AR attention", dict(task="ar", arch="attention")),
@@ -656,7 +724,7 @@ def class_items(runs_root: str, cpu: list) -> list:
     cls = collect(os.path.join(runs_root, "class_preset"), lambda m: None)
     items = []
     for name, match in CLASS_CLAIMS:
-        verdicts = {}
+        verdicts, convs = {}, {}
         for preset, records in (("class", cls), ("cpu", cpu)):
             runs = [r for r in records if r["n_layer"] == 2 and main_variant(r)
                     and ("d_conv" in match or not conv_variant(r))
@@ -670,10 +738,14 @@ def class_items(runs_root: str, cpu: list) -> list:
             means = passing_means(runs)
             attribs = "-" if all(np.isnan(list(means.values()))) else attribs_text(means)
             conv = ", ".join(f"{r['conv']['value+1']:.2f}" for r in runs if r.get("conv")) or "-"
+            if match.get("d_conv") == 4:  # C5's claim: the conv's share at Value+1
+                convs[preset] = conv_label(runs)
             same = "-"
-            if preset == "cpu" and "class" in verdicts:  # the verdict most of their seeds get
-                most = {p: collections.Counter(v).most_common(1)[0][0] for p, v in verdicts.items()}
-                same = "same" if most["class"] == most["cpu"] else "differs"
+            if preset == "cpu" and "class" in verdicts:  # RULE: every seed's verdict, C5's label
+                differ = (["the verdicts"] if verdicts["class"] != verdicts["cpu"] else []) + (
+                    [f"the conv: {convs['class']} / {convs['cpu']}"]
+                    if convs and convs["class"] != convs["cpu"] else [])
+                same = f"differs ({'; '.join(differ)})" if differ else "same"
             items.append((f"class {name}, {preset} preset",
                           f"{mean_sd(r['accuracy'] for r in runs)}; "
                           f"{attribs}; {conv}; {words}; {minutes:.1f} min", "-",
@@ -681,21 +753,117 @@ def class_items(runs_root: str, cpu: list) -> list:
     return items
 
 
+# ── the report's generated tables: numbers.md holds them, figures/README.md copies them ──────
+
+def cell(x: float, fmt: str = ".2f") -> str:
+    return "-" if x is None or np.isnan(x) else f"{x:{fmt}}"
+
+
+def paper_accuracy_of(r: dict) -> float | None:
+    """The paper's accuracy for a run's model at its width (its best rate), or None."""
+    i = WIDTHS.index(r["d_model"]) if r["d_model"] in WIDTHS else None
+    if r["task"] == "ar":
+        values = (PAPER["ar_mamba_dconv"].get(r["d_conv"]) if r["arch"] == "mamba"
+                  else PAPER["pos_embed"].get(("ar", r["arch"], "PE")) if pe_variant(r) == " PE"
+                  else PAPER["ar_accuracy"].get(r["arch"]) if not conv_variant(r) else None)
+    else:
+        values = (None if conv_variant(r) else
+                  PAPER["atr_accuracy"].get((r["atr"], atr_model(r))))
+    return None if values is None or i is None else values[i]
+
+
+def run_label(r: dict) -> str:
+    task = "AR" if r["task"] == "ar" else f"ATR {r['atr']}"
+    width = f", d = {r['d_model']}" if r["d_model"] != 64 else ""
+    return (f"{task}, {r['arch']}{conv_variant(r)}{pe_variant(r)}{width}, lr {r['lr']:g}, "
+            f"seed {r['seed']}")
+
+
+def at_step(r: dict, step: int) -> float | None:
+    return next((p["accuracy"] for p in r["curve"] if p["step"] == step), None)
+
+
+def protocol_table(runs_root: str) -> str:
+    """Every run of the paper's protocol (runs_root/paper_protocol): accuracy (its maximum along the
+    curve, at step 15k), the paper's, wall minutes, the main setting's Attribs, the Key's effect,
+    Mamba's conv at Value+1 and mech.py's verdict in short."""
+    folder = os.path.join(runs_root, "paper_protocol")
+    lines = ["| run | accuracy (max along the curve; at step 15k) | paper (its width, best rate) "
+             "| wall (min) | Attrib Key / Value / Query | Value+1 / divider | Key effect "
+             "| conv[0] @Value+1 | verdict (mech.py) |",
+             "|---|---|---:|---:|---|---|---:|---:|---|"]
+    for r in sorted(collect(folder, lambda m: None), key=lambda r: r["folder"]):
+        with open(os.path.join(folder, r["folder"], "metrics.json")) as f:
+            r["curve"] = json.load(f)["curve"]
+        best, mid = max(p["accuracy"] for p in r["curve"]), at_step(r, 15000)
+        a = r["attrib"]
+        lines.append(f"| {run_label(r)} | {r['accuracy']:.3f} ({best:.3f}; {cell(mid, '.3f')}) "
+                     f"| {cell(paper_accuracy_of(r), '.3f')} | {r['wall_time_s'] / 60:.1f} "
+                     f"| {attribs_text(a)} | {cell(a['value+1'])} / {cell(a['divider'])} "
+                     f"| {r['effect']:.3f} | {cell(r['conv'].get('value+1'))} | {in_words(r)} |")
+    return "\n".join(lines) + "\n"
+
+
+def hyena_groups(runs_root: str, cpu: list) -> list:
+    """C3's Hyena on AR where the paper's learns it: [(d, protocol, runs)], the CPU preset at
+    d = 64, 128, 256 (3 seeds) and the paper's protocol by width and rate."""
+    pp = collect(os.path.join(runs_root, "paper_protocol"), lambda m: None)
+    hyena = lambda rs: [r for r in main_ar(rs) if r["arch"] == "hyena"]
+    groups = [(d, "CPU preset, lr 1e-3", [r for r in hyena(cpu) if r["d_model"] == d])
+              for d in sorted({r["d_model"] for r in hyena(cpu)})]
+    groups += [(d, f"paper's protocol, lr {lr:g}",
+                [r for r in hyena(pp) if (r["d_model"], r["lr"]) == (d, lr)])
+               for d, lr in sorted({(r["d_model"], r["lr"]) for r in hyena(pp)})]
+    return groups
+
+
+def hyena_table(runs_root: str, cpu: list) -> str:
+    """C3 for Hyena: per width and protocol, accuracy against the paper's at that width, the
+    Key's effect per seed, the Attribs and the largest |Attrib| at the other positions, and the
+    verdicts by RULE (accuracy_item, mechanism_item)."""
+    lines = ["| d | protocol | seeds | accuracy (paper at d) | Key effect "
+             "| Attrib Key / Value / Query "
+             "(seeds past the 0.01 filter) | largest abs Attrib at Value+1, Value+2, divider "
+             "(those seeds) | verdict: accuracy; mechanism |",
+             "|---:|---|---|---|---|---|---:|---|"]
+    for d, protocol, runs in hyena_groups(runs_root, cpu):
+        paper = PAPER["ar_accuracy"]["hyena"][WIDTHS.index(d)]
+        acc = accuracy_item("", runs, paper, 0.5)
+        past = [r for r in runs if reacts(r)]
+        mech_label = mechanism_item("", runs, PAPER["ar_mechanism"]["hyena"])[3] if past \
+            else "no seed past the filter"
+        others = max((abs(r["attrib"][p]) for r in past for p in ("value+1", "value+2", "divider")
+                      if not np.isnan(r["attrib"][p])), default=float("nan"))
+        seeds = ", ".join(str(r["seed"]) for r in sorted(runs, key=lambda r: r["seed"]))
+        effects = ", ".join(f"{r['effect']:.3f}" for r in sorted(runs, key=lambda r: r["seed"]))
+        lines.append(f"| {d} | {protocol} | {seeds} | {acc[1]} ({paper:.3f}) | {effects} "
+                     f"| {attribs_text(passing_means(runs)) if past else '-'} "
+                     f"({len(past)} of {len(runs)}) | {cell(others, '.3f')} "
+                     f"| {acc[3]}; {mech_label} |")
+    return "\n".join(lines) + "\n"
+
+
+def generated_tables(runs_root: str, cpu: list) -> dict:
+    """{title: markdown} of the report's generated tables, in numbers.md's order."""
+    return {"Every run of the paper's protocol": protocol_table(runs_root),
+            "C3 for Hyena where the paper's Hyena learns AR": hyena_table(runs_root, cpu)}
+
+
+def numbers_md(items: list, tables: dict) -> str:
+    """numbers.md: the head, the items' table, then each generated table under its title."""
+    return NUMBERS_HEAD + numbers_table(items) + "".join(
+        f"\n## {title}\n\n{table}" for title, table in tables.items())
+
+
 NUMBERS_HEAD = ("# The report's numbers and verdicts, recounted from the runs\n\n"
                 "Generated by `python figures/experiments.py --numbers figures/runs` "
-                "(collect.report_numbers); do not edit. Verdict rule: size holds where a "
-                f"mean accuracy is within {ACC_SIZE} of the paper's at d = 64 and each mean "
-                f"Attrib within {ATTRIB_SIZE} of the paper's median (pooled over all its widths "
-                "and learning rates); direction holds where the accuracy lies on the paper's side "
-                "of the task's line (AR 0.5, ATR the copy-next-token baseline, the sibling task "
-                "copying the Query; held out: test at least 0.2 below dev) and the mechanism is "
-                "of the paper's class (induction: the Value's Attrib the largest; retrieval: the "
-                "Key's or the Query's). Attribs are Key / Value / Query means over the seeds past "
-                "the paper's filter on the documents each cell averages. formation: the step the "
-                "final position's Attrib reaches 0.5 / the step accuracy reaches halfway. cost: "
-                "a group's total (main, other findings) counts each committed run once, in the "
-                "first group that holds it; a sweep's row counts all its runs, some of which an "
-                "earlier group may hold too.\n\n")
+                "(collect.report_numbers, collect.generated_tables); do not edit. Verdict rule "
+                f"(collect.RULE): {RULE} Attribs are Key / Value / Query means over the seeds "
+                "past the paper's filter on the documents each cell averages. formation: the "
+                "step the final position's Attrib reaches 0.5 / the step accuracy reaches "
+                "halfway. cost: a group's total (main, other findings) counts each committed run "
+                "once, in the first group that holds it; a sweep's row counts all its runs, some "
+                "of which an earlier group may hold too.\n\n")
 
 
 def numbers_table(items: list) -> str:

@@ -20,7 +20,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 
 import mech  # noqa: E402
 from figures import plots  # noqa: E402
-from figures.collect import (MIN_EFFECT, all_documents, archs_of, atr_model,  # noqa: E402
+from figures.collect import (CONV, MIN_EFFECT, all_documents, archs_of, atr_model,  # noqa: E402
                              atr_query, best_runs, config_key, configuration, conv_variant,
                              final_position, followed, main_ar, main_atr, main_question,
                              main_variant, moments_of, of_arch, one_protocol, one_width,
@@ -88,7 +88,7 @@ def save(fig, out_dir: str, name: str, caption: list) -> list:
     path = os.path.join(out_dir, name)
     png = io.BytesIO()
     fig.savefig(png, dpi=120, format="png")
-    mech.atomic_write(path, png.getvalue())
+    plots.write_file(path, png.getvalue())
     plt.close(fig)
     return [path]
 
@@ -532,17 +532,30 @@ def not_run_note(columns: list, series: list, sweep: str) -> list:
 
 
 def depth_figure(rs: list, paper, out_dir: str, name: str, title: str, source: str, sweep: str,
-                 line=None) -> list:
+                 line=None, zoom: bool = False) -> list:
     """A figure of accuracy by architecture and depth (depth_panel), beside the paper's; line:
-    (y, its label, its caption) of a dashed reference line, if any."""
+    (y, its label, its caption) of a dashed reference line, if any; zoom: the axis from just below
+    the lowest number drawn (a run, the paper's, the line) to 1, so that the report's gaps of a
+    few hundredths can be read."""
     layers = sorted({r["n_layer"] for r in rs})
-    fig, ax = plt.subplots(figsize=(11, 3.6))
+    fig, ax = plt.subplots(figsize=(11, 4.6 if zoom else 3.6))
     columns, series = depth_panel(ax, rs, layers, paper)
     legend(ax, series, BEST_LABEL, [dashed(ax, *line[:2])] if line else ())
+    notes = []
+    if zoom:
+        ys = ([s.value(r) for c in columns for s in series for r in c.runs if s.keep(r)]
+              + [y for c in columns for y in c.paper if y is not None]
+              + ([line[0]] if line else []))
+        low = np.floor((min(ys) - 0.02) * 20) / 20  # a multiple of 0.05 below every number
+        ax.set_ylim(low, 1.0)
+        ax.yaxis.set_major_locator(plt.MultipleLocator(0.05))
+        ax.grid(axis="y", color="0.9", lw=0.6)
+        notes = [f"The accuracy axis runs from {low:.2f} to 1 (ticks every 0.05), not from 0, so "
+                 "that gaps of 0.01–0.05 between ours and the paper's can be read."]
     fig.suptitle(title)
     return save(fig, out_dir, name, [MARKS, scale_note(rs),
                                      paper_note(source, paper_best(rs), [("", columns)])]
-                + not_run_note(columns, series, sweep) + ([line[2]] if line else []))
+                + not_run_note(columns, series, sweep) + ([line[2]] if line else []) + notes)
 
 
 def ar_layers(records: list, out_dir: str) -> list:
@@ -723,7 +736,8 @@ def atr_layers(records: list, out_dir: str) -> list:
         else PAPER["atr_accuracy"].get(("easy", a)),
         out_dir, "atr_layers.png", f"{setting_title('easy')}: test accuracy with 1 and 2 layers",
         "atr_layers.pdf, App. D.2; 2 layers: atr.pdf, §5.2", "atr-layers",
-        (PAPER["atr_copy_next_token"]["easy"], COPY_NEXT_TOKEN, copy_next_token_note(["easy"])))
+        (PAPER["atr_copy_next_token"]["easy"], COPY_NEXT_TOKEN, copy_next_token_note(["easy"])),
+        zoom=True)
 
 
 def atr_sibling(records: list, out_dir: str) -> list:
@@ -739,7 +753,7 @@ def atr_sibling(records: list, out_dir: str) -> list:
         "multihop.pdf, App. D.4", "atr-sibling",
         (copy, "copying the Query", f"Dashed: {copy}, what answering with the Query itself "
          f"scores in the paper: its Query is its own rightmost sibling in {copy:.1%} of "
-         "documents."))
+         "documents."), zoom=True)
 
 
 # where the main setting reads a model of 1, 2 and 3 (or more) layers in atr_gen's panels
@@ -816,6 +830,86 @@ def atr_gen(records: list, out_dir: str) -> list:
                    boxes)])
 
 
+# ── C3 for Hyena at the widths where the paper's Hyena learns AR (both protocols) ─────────────
+
+def hyena_widths(groups: list, out_dir: str) -> list:
+    """C3 for Hyena on AR (collect.hyena_groups: [(d, protocol, runs)], the CPU preset and the
+    paper's protocol): accuracy per width beside the paper's ar_32 at that width, and the Attribs
+    (Key, Value, Query at the last layer's input) of each width and protocol."""
+    runs = [r for _, _, rs in groups for r in rs]
+    if not runs:
+        return []
+    paper = lambda r: r.get("preset") == "paper"
+    best = {}  # width -> the paper protocol's most accurate rate there (its rule: the best rate)
+    for d in sorted({r["d_model"] for r in runs if paper(r)}):
+        rates = {r["lr"] for r in runs if paper(r) and r["d_model"] == d}
+        best[d] = max(rates, key=lambda lr: statistics.mean(
+            r["accuracy"] for r in runs if paper(r) and (r["d_model"], r["lr"]) == (d, lr)))
+    at_best = lambda r: paper(r) and r["lr"] == best[r["d_model"]]
+    rates = ", ".join(f"{lr:g} at d = {' and '.join(str(d) for d in best if best[d] == lr)}"
+                      for lr in sorted(set(best.values())))
+    others = sorted({(r["d_model"], r["lr"]) for r in runs if paper(r) and not at_best(r)})
+    series = [Series("CPU preset (lr 1e-3, 15,000 steps)", "C0", "o", lambda r: r["accuracy"],
+                     keep=lambda r: not paper(r)),
+              Series(f"paper's protocol, its best rate here ({rates})", "C1", "s",
+                     lambda r: r["accuracy"], keep=at_best),
+              Series("paper's protocol, the other rates ("
+                     + ", ".join(f"{lr:g}" for _, lr in others) + ")", "C7", "D",
+                     lambda r: r["accuracy"], keep=lambda r: paper(r) and not at_best(r))]
+    widths = sorted({d for d, _, _ in groups})
+    columns = []
+    for d in widths:
+        rs = [r for r in runs if r["d_model"] == d]
+        x = PAPER["ar_accuracy"]["hyena"][WIDTHS.index(d)]
+        first = next(i for i, s in enumerate(series) if any(map(s.keep, rs)))
+        columns.append(Column(f"d = {d}", rs, (None,) * first + (x,)))  # once, its first slot
+    fig, (ax, bx) = plt.subplots(2, 1, figsize=(11, 6.8), height_ratios=(1, 1.1))
+    strip_panel(ax, columns, series)
+    top = max([s.value(r) for c in columns for s in series for r in c.runs if s.keep(r)]
+              + [v for c in columns for v in c.paper if v is not None])
+    ax.set(ylabel="test accuracy", ylim=(-0.01, round(top + 0.06, 1)),
+           xlabel="width d (2 layers, AR)")
+    legend(ax, series, BEST_LABEL + " at that width")
+    short = lambda protocol: ("CPU" if protocol.startswith("CPU") else
+                              "paper's,\nlr " + protocol.rsplit(" ", 1)[1])
+    attribs = [mechanism_column(f"d = {d}\n{short(protocol)}", rs,
+                                by_position(PAPER["ar_mechanism"]["hyena"]))
+               for d, protocol, rs in groups]
+    positions = position_series("attrib")
+    strip_panel(bx, attribs, positions)
+    attrib_axes([bx], [(attribs, positions)], "Attrib (last layer's input)")
+    bx.set(xlabel="width and protocol (CPU: the CPU preset, lr 1e-3; paper's: the paper's "
+           "protocol at that learning rate)")
+    legend(bx, positions, MEDIAN_LABEL)
+    fig.suptitle("C3 for Hyena on AR at the widths where the paper's Hyena learns it: accuracy "
+                 "and where the answer is computed (Key corrupted)")
+    line = {r["task"] for r in runs} == {"ar"} and 0.5
+    return save(fig, out_dir, "hyena_widths.png", [
+        MARKS,
+        f"Accuracy axis from -0.01 to {round(top + 0.06, 1)}: every run and every paper number "
+        f"here lies below AR's line between learning and not ({line}); the paper's x (one per "
+        "width, beside our first runs there) is its one seed at that width, the best of its "
+        "learning rates (ar_32.pdf, §5.1).",
+        "Ours: the CPU preset (mech.py --preset cpu, 15,000 steps, lr 1e-3), "
+        + runs_by_width([r for r in runs if not paper(r)])
+        + "; the paper's protocol (mech.py --preset paper, 50,016 steps, 10 % warmup then "
+        "cosine), " + runs_by_width([r for r in runs if paper(r)]) + "; no paper-protocol run "
+        f"at d = {', '.join(str(d) for d in widths if d not in best)}.",
+        filter_note(runs) + " Attrib x: the paper's Hyena, " + MEDIANS_NOTE
+        + ", drawn at every column."])
+
+
+def runs_by_width(runs: list) -> str:
+    """"d = 128: lr 0.001, 0.003, seed 42; d = 256: ...": the rates and seeds run at each width."""
+    words = []
+    for d in sorted({r["d_model"] for r in runs}):
+        at_d = [r for r in runs if r["d_model"] == d]
+        seeds = {r["seed"] for r in at_d}
+        words.append(f"d = {d}: lr {', '.join(f'{lr:g}' for lr in sorted({r['lr'] for r in at_d}))}"
+                     f", seed{'s' * (len(seeds) > 1)} {span(seeds)}")
+    return "; ".join(words)
+
+
 # ── the mechanism while it forms (curves of the runs watched while they trained) ─────────────────
 
 def mechanism_dynamics(records: list, out_dir: str) -> list:
@@ -835,11 +929,16 @@ def mechanism_dynamics(records: list, out_dir: str) -> list:
                 ys = [plots.watched(p, name) if p["attrib"]["effect"] >= gate else np.nan
                       for p in points]
                 ax.plot(steps, ys, color=color, ls=ls, lw=1.5)
-                if (formed := moments_of(r, name)["mechanism"]) is not None:
-                    ax.plot(formed, 0.5, marker="^", color=color, ms=7, mfc="none")
             if (rises := moments_of(r, None)["accuracy"]) is not None:
                 half = (accuracy[0] + accuracy[-1]) / 2
                 ax.plot(rises, half, marker="o", color="k", ms=6, mfc="none")
+        for step, marks in formation_marks(rs).items():
+            for k, (r, _, color) in enumerate(marks):  # those of one step stacked, from 0.5 up
+                ax.plot(step, 0.5 + STACKED * k, marker="^", color=color, ms=7, mfc="none")
+                if len(marks) > 1:
+                    ax.annotate(str(r["seed"]), (step, 0.5 + STACKED * k), xytext=(5, -3),
+                                textcoords="offset points", fontsize=6, color=color,
+                                bbox=dict(facecolor="white", edgecolor="none", alpha=0.8, pad=0))
         ax.set(title=title, ylabel="accuracy / Attrib", ylim=(-0.3, 1.6))
         ax.axhline(0.5, color="grey", lw=0.5, ls=":")
     axes[-1, 0].set(xlabel="training step")
@@ -865,7 +964,42 @@ def mechanism_dynamics(records: list, out_dir: str) -> list:
         "one names its verdict (a run whose final Attribs are mixed is drawn too)"
         + (f": {mixed}" if (mixed := mixed_note(runs)) else "") + ". The mechanism has formed at "
         "the first evaluation where that Attrib reaches 0.5 with the Key mattering. Which comes "
-        "first, in steps: runs/cpu_preset/summary.md.", scale_note(runs)])
+        "first, in steps: runs/cpu_preset/summary.md." + coinciding_note(panels),
+        scale_note(runs)])
+
+
+STACKED = 0.12  # the height between formation markers that share a step
+
+
+def formation_marks(rs: list) -> dict:
+    """{step: [(run, what, colour)]}: a panel's formation markers (followed: the final position's,
+    red, then Mamba's conv, purple) by the step each forms at; those of one step in the order they
+    are stacked, the final position's below the conv's, each in seed order."""
+    marks = [((k, r["seed"], r["lr"]), moments_of(r, name)["mechanism"], r,
+              "conv @Value+1" if name == CONV else f"@{name.capitalize()}", color)
+             for r in rs for k, (name, color) in enumerate(zip(followed(r), ("C3", "C4")))]
+    steps = {}
+    for _, step, r, what, color in sorted((m for m in marks if m[1] is not None),
+                                          key=lambda m: m[0]):
+        steps.setdefault(step, []).append((r, what, color))
+    return dict(sorted(steps.items()))
+
+
+def coinciding_note(panels: list) -> str:
+    """The caption's words for the formation markers that share a step (drawn stacked)."""
+    words = []
+    for title, rs in panels:
+        for step, marks in formation_marks(rs).items():
+            if len(marks) > 1:
+                whats = list(dict.fromkeys(what for _, what, _ in marks))
+                who = "; ".join(f"{what}, seed" + "s" * (len(seeds) > 1) + " " + ", ".join(seeds)
+                                for what in whats for seeds in [[str(r["seed"]) for r, w, _
+                                                                 in marks if w == what]])
+                words.append(f"{title.split(' (')[0]} at step {step:,} ({who})")
+    return (" Formation markers that share a step are stacked upwards from 0.5 (the final "
+            "position's, red, below the conv's, purple, each in seed order) and labelled with "
+            "their seeds: " + "; ".join(words) + ". They form at the same evaluation, not one "
+            "after the other.") if words else ""
 
 
 def mixed_note(runs: list) -> str:

@@ -8,8 +8,8 @@ models" (arXiv 2505.15105). This script runs the paper's sweeps of such runs, ea
     python figures/experiments.py --sweep ar-dconv --steps 2000   # mech.py flags apply to every run
     python figures/experiments.py --sweep ar-main --scale paper --print-commands > jobs.txt
     python figures/experiments.py --collect sweeps/   # sweeps/results.json, summary.md, figures/
-    python figures/experiments.py --collect figures/runs/cpu_preset --figures-dir figures  # committed
-    python figures/experiments.py --numbers figures/runs   # the report's numbers: runs/numbers.md
+    python figures/experiments.py --collect figures/runs/cpu_preset --figures-dir figures
+    python figures/experiments.py --numbers figures/runs --figures-dir figures   # runs/numbers.md
     python figures/experiments.py --sweep mixer --arch mamba   # AR and ATR easy for one --arch
 
 A sweep is a list of runs and a run is a list of mech.py's flags, so a sweep runs here in parallel
@@ -34,9 +34,10 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository, with mech.py
 sys.path.insert(0, ROOT)
 import mech  # noqa: E402
-from figures.collect import (NUMBERS_HEAD, collect, dynamics_table, numbers_table,  # noqa: E402
-                             report_numbers, summary_table)
-from figures.drawing import plot_figures  # noqa: E402
+from figures.collect import (collect, dynamics_table, generated_tables,  # noqa: E402
+                             hyena_groups, numbers_md, report_numbers, summary_table)
+from figures import plots  # noqa: E402
+from figures.drawing import hyena_widths, plot_figures  # noqa: E402
 from figures.sweeps import (SWEEPS, Stopped, run_command, run_config, run_sweep,  # noqa: E402
                             sweep_overrides, sweep_runs)
 
@@ -64,7 +65,8 @@ def build_parser() -> mech.Parser:
                    "instead of the sweep's directory)")
     p.add_argument("--numbers", metavar="DIR", help="recount the report's numbers and verdicts "
                    "from DIR/cpu_preset and DIR/paper_protocol into DIR/numbers.md (the committed "
-                   "ones: --numbers figures/runs)")
+                   "ones: --numbers figures/runs); with --figures-dir, also draw there the figure "
+                   "that sets the two protocols side by side (hyena_widths.png)")
     p.add_argument("--figures-dir", help="where the figures go (default: DIR/figures of the "
                    "collected DIR; the committed ones: figures)")
     return p
@@ -115,8 +117,8 @@ def collect_and_draw(root: str, figures_dir: str, parser: mech.Parser) -> list:
     records = collect(root)
     table = "\n\n".join(filter(None, (summary_table(records), dynamics_table(records))))
     try:
-        mech.write_json(os.path.join(root, "results.json"), records)
-        mech.atomic_write(os.path.join(root, "summary.md"), table + "\n")
+        mech.save(os.path.join(root, "results.json"), records)
+        plots.write_file(os.path.join(root, "summary.md"), table + "\n")
         paths = plot_figures(records, figures_dir)
     except (OSError, mech.RunError) as e:  # a read-only or full directory
         parser.exit(1, f"{parser.prog}: error: {e}\n")
@@ -125,15 +127,38 @@ def collect_and_draw(root: str, figures_dir: str, parser: mech.Parser) -> list:
     return records
 
 
+def write_numbers(root: str, parser: mech.Parser, figures_dir: str | None = None) -> None:
+    """--numbers DIR: recount the report's numbers from DIR/cpu_preset and DIR/paper_protocol into
+    DIR/numbers.md (also printed), and with figures_dir draw hyena_widths.png there; a DIR without
+    both, or without runs, is refused in one line."""
+    for sub in ("cpu_preset", "paper_protocol"):
+        if not os.path.isdir(os.path.join(root, sub)):
+            parser.error(f"--numbers {root}: no folder {os.path.join(root, sub)} (the committed "
+                         "runs: --numbers figures/runs)")
+    cpu = collect(os.path.join(root, "cpu_preset"))
+    if not cpu:
+        parser.error(f"--numbers {root}: no finished runs under {os.path.join(root, 'cpu_preset')}")
+    try:
+        text = numbers_md(report_numbers(root, cpu), generated_tables(root, cpu))
+        plots.write_file(os.path.join(root, "numbers.md"), text)
+        if figures_dir:  # the figure of both protocols: C3's Hyena at the paper's widths
+            os.makedirs(figures_dir, exist_ok=True)
+            hyena_widths(hyena_groups(root, cpu), figures_dir)
+    except (KeyError, ValueError, IndexError, ZeroDivisionError) as e:  # runs the report lacks
+        parser.exit(1, f"{parser.prog}: error: --numbers {root}: the runs there are not the "
+                    f"report's ({type(e).__name__}: {e})\n")
+    except (OSError, mech.RunError) as e:  # a read-only or full directory
+        parser.exit(1, f"{parser.prog}: error: {e}\n")
+    print(text)
+
+
 def main(argv=None) -> list:
     """--sweep: run a sweep (or print its commands), then collect it; --collect DIR: collect DIR.
     Returns the collected records."""
     parser = build_parser()
     args, run_flags = parser.parse_known_args(argv)
     if args.numbers:
-        table = numbers_table(report_numbers(args.numbers))
-        mech.atomic_write(os.path.join(args.numbers, "numbers.md"), NUMBERS_HEAD + table)
-        print(table)
+        write_numbers(args.numbers, parser, args.figures_dir)
         if not args.sweep and not args.collect:
             return []
     if not args.sweep and not args.collect:

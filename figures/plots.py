@@ -1,9 +1,15 @@
-"""The figures of one run folder, drawn by mech.py after its analysis: mechanism.png (the Attrib
-table as heat maps) and dynamics.png (the mechanism while the model trains, with the moments it
-forms and the accuracy rises). The Attribs are computed in mech.py (section 6); each drawing
-function hands its figure to `save`."""
+"""The pictures of one run folder, drawn from its metrics.json: mechanism.png (the Attrib table as
+heat maps) and dynamics.png (the mechanism while the model trains, with the moments it forms and
+the accuracy rises). The Attribs are computed in mech.py (section 6); each drawing function hands
+its figure to `save`. mech.py draws nothing itself (it needs no matplotlib), so a picture can be
+drawn, or drawn again, at any time after a run:
+    python figures/plots.py RUN_DIR [RUN_DIR ...]"""
+import argparse
 import io
+import json
 import math
+import os
+import sys
 
 import matplotlib
 
@@ -91,8 +97,9 @@ def dynamics(points: list, series: dict, when: dict, name: str | None, min_effec
     bottom.legend(fontsize=7, ncol=2, loc="center right")
     formed = (f"@{name.capitalize()} reaches 0.5 at step {when['mechanism']} (red dotted)"
               if when["mechanism"] else "no mechanism formed (the verdict names no position)")
-    fig.suptitle(f"{title}: the mechanism while it trains\n{formed}; accuracy reaches halfway "
-                 f"to its final at step {when['accuracy']} (black dotted)\nAttribs drawn where "
+    rises = (f"accuracy reaches halfway to its final at step {when['accuracy']} (black dotted)"
+             if when["accuracy"] is not None else "accuracy never rises above its first value")
+    fig.suptitle(f"{title}: the mechanism while it trains\n{formed}; {rises}\nAttribs drawn where "
                  f"the Key matters (p_clean - p_corrupted >= {min_effect})", fontsize=8)
     finish(fig, save)
 
@@ -112,7 +119,57 @@ def run_figures(rows: list, curve: list, name: str | None, main: str, min_effect
 
     mechanism(rows, positions, title, save("mechanism.png"))
     points = [p for p in curve if "attrib" in p]  # none with --no-dynamics
-    if points:
+    # only a run watched to its end: one resumed with --no-dynamics has its first points alone,
+    # which would stand for the whole run under the final accuracy of its title
+    if points and points[-1]["step"] == curve[-1]["step"]:
         dynamics(points, dynamics_series(points, main, min_effect),
                  moments(points, name, min_effect), name, min_effect, title, save("dynamics.png"))
     return pngs
+
+
+def write_file(path: str, data) -> None:
+    """Write data (bytes or str) whole: to a temporary name, then renamed (as mech.save does)."""
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def draw_run(out: str) -> list:
+    """Draw the pictures of the analysed run in `out` next to its metrics.json -> their paths."""
+    import mech  # the lab imports the lesson: its verdict rule and sites name what is drawn
+    with mech.reading(os.path.join(out, "config.json")), \
+            open(os.path.join(out, "config.json")) as f:
+        fields = json.load(f)
+    with mech.reading(os.path.join(out, "metrics.json")), \
+            open(os.path.join(out, "metrics.json")) as f:
+        metrics = json.load(f)
+        analysis, curve = metrics["interventions"], metrics["curve"]
+    task, n_layer = fields.get("task", "ar"), fields.get("n_layer", 2)
+    learned = mech.key_effect(analysis["rows"]) >= mech.VERDICT_MIN_EFFECT
+    name = mech.dominant(analysis["main"]) if learned else None  # the verdict's position, if any
+    title = (f"{fields.get('arch')} on {task}, d={fields.get('d_model')}, "
+             f"test accuracy {metrics['accuracy']:.3f}")
+    paths = []
+    for file, png in run_figures(analysis["rows"], curve, name, "%s[%d]" % mech.main_site(n_layer),
+                                 mech.PAPER_FILTER[task], mech.POSITIONS, title):
+        write_file(os.path.join(out, file), png)
+        paths.append(os.path.join(out, file))
+    return paths
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    parser = argparse.ArgumentParser(prog="plots.py", description="Draw mechanism.png and "
+                                     "dynamics.png of analysed mech.py runs.")
+    parser.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    import mech
+    for run in parser.parse_args().runs:
+        try:
+            print("\n".join(draw_run(run)))
+        except (mech.RunError, OSError) as e:
+            parser.exit(1, f"plots.py: error: {e}\n")

@@ -153,7 +153,7 @@ def run_command(run: dict, out: str, python: str = "python", script: str = "mech
                 extra=()) -> list:
     """A run's command line; extra: mech.py flags given to the whole sweep (after the run's own
     flags, so they override them)."""
-    return [python, script, *run_args(run), *extra, "--out", out, "--quiet"]
+    return [python, script, *run_args(run), *extra, "--out", out]
 
 
 def finished(folder: str, cfg: mech.Config) -> bool:
@@ -176,15 +176,30 @@ class Stopped(Exception):
 
 @contextlib.contextmanager
 def stop_requests():
-    """A list that Ctrl-C, SIGTERM and SIGHUP append to (mech.on_stop_signals): the sweep stops
-    where it chooses, never between starting a run and noting it down (a run it does not know of
-    would outlive it)."""
-    stop = []
-    with mech.on_stop_signals(stop.append):
+    """A list that Ctrl-C, SIGTERM and SIGHUP append to: the sweep stops where it chooses, never
+    between starting a run and noting it down (a run it does not know of would outlive it). An
+    ignored SIGHUP (nohup) stays ignored."""
+    stop, previous = [], {}
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if s != signal.SIGHUP or signal.getsignal(s) is not signal.SIG_IGN:
+            previous[s] = signal.signal(s, lambda signum, frame: stop.append(signum))
+    try:
         yield stop
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
-def run_sweep(runs: list, root: str, jobs: int, extra=(), log=print) -> list:
+def say(*args) -> None:
+    """print, except that a reader who stops reading (`| head`) does not stop the sweep: the rest
+    of its output goes to /dev/null, and its runs go on."""
+    try:
+        print(*args, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def run_sweep(runs: list, root: str, jobs: int, extra=(), log=say) -> list:
     """Run the runs that are not finished (see `finished`) in `jobs` local processes, splitting the
     CPU threads between them; each process writes its output to <run folder>/log.txt. Returns the
     folders of the runs that failed. On Ctrl-C, SIGTERM or SIGHUP (then Stopped) or any error,

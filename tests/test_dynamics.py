@@ -53,7 +53,7 @@ def test_the_watched_attribs_equal_the_full_analysis_on_the_same_documents(runs)
     for l in range(cfg.n_layer):
         assert last["cells"][f"mixer_output[{l}]@query"] == cell["mixer_output", l, "query"]
     assert last["effect"] == mech.key_effect(full)
-    saved, _ = mech.load_run(out)  # and the saved model gives them too
+    saved, _ = mech.train(cfg, out, log=quiet)  # the saved model (finished: loaded) gives them
     assert mech.watch_mechanism(saved, task, test, cfg) == last
 
 
@@ -78,16 +78,12 @@ def test_mamba_watches_its_conv_at_the_value_and_after_it():
                                  "conv_output[0]@value+1"}
 
 
-def test_the_run_folder_gets_a_dynamics_figure(tmp_path):
-    out = str(tmp_path / "run")
-    args = ["--arch", "attention", "--d-model", "16", "--num-kv", "64", "--n-train", "256", "--steps",
-            "20", "--eval-every", "10", "--n-eval", "32", "--threads", "1", "--quiet", "--out", out]
-    mech.main(args)
-    with open(os.path.join(out, "dynamics.png"), "rb") as f:
-        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-    mech.main(args[:-2] + ["--no-dynamics", "--out", str(tmp_path / "off")])
-    assert not os.path.exists(tmp_path / "off" / "dynamics.png")
-    with open(tmp_path / "off" / "metrics.json") as f:
+def test_no_dynamics_from_the_command_line_stores_no_attribs(tmp_path):
+    out = str(tmp_path / "off")
+    mech.main(["--arch", "attention", "--d-model", "16", "--num-kv", "64", "--n-train", "256",
+               "--steps", "20", "--eval-every", "10", "--n-eval", "32", "--threads", "1",
+               "--no-interventions", "--no-dynamics", "--out", out])
+    with open(os.path.join(out, "metrics.json")) as f:
         assert all("attrib" not in p for p in json.load(f)["curve"])
 
 
@@ -102,3 +98,22 @@ def test_marks_the_moments_the_mechanism_forms_and_the_accuracy_rises():
     assert plots.moments(curve, None, 0.1) == dict(mechanism=None, accuracy=400)
     flat = [dict(p, accuracy=0.0) for p in curve]  # never learned: accuracy never rises
     assert plots.moments(flat, "value", 0.1) == dict(mechanism=300, accuracy=None)
+
+
+def test_a_partly_watched_run_gets_no_dynamics_figure_and_captions_never_say_none():
+    rows = [dict(site="block_input", layer=0, position="value", corrupted="key", attrib=1.0)]
+    point = lambda s, watched=True: dict(step=s, accuracy=0.0, test_loss=1.0, **(
+        dict(attrib=dict(effect=0.5, main=dict(key=0.0, value=1.0, query=0.0), cells={}))
+        if watched else {}))
+    # resumed with --no-dynamics: watched for its first evaluations only
+    partly = [point(100), point(200), point(300, False)]
+    pngs = plots.run_figures(rows, partly, "value", "block_input", 0.1, ("value",), "t")
+    assert [name for name, _ in pngs] == ["mechanism.png"]
+    captions = []
+    plots.plt.Figure.suptitle = lambda self, text, **kw: captions.append(text)
+    try:
+        pngs = plots.run_figures(rows, partly[:2], "value", "block_input", 0.1, ("value",), "t")
+    finally:
+        del plots.plt.Figure.suptitle
+    assert [name for name, _ in pngs] == ["mechanism.png", "dynamics.png"]
+    assert not any("None" in c for c in captions) and "never rises" in captions[-1]

@@ -73,8 +73,8 @@ def fake_run(folder, attribs, n_docs=None, **fields):
     interventions = dict(rows=rows, main=dict.fromkeys(mech.POSITIONS, 0.0) | {"key": 1.0},
                          **({"n_docs": n_docs} if n_docs else {}))
     os.makedirs(folder)
-    mech.write_json(os.path.join(folder, "config.json"), dataclasses.asdict(cfg))
-    mech.write_json(os.path.join(folder, "metrics.json"),
+    mech.save(os.path.join(folder, "config.json"), dataclasses.asdict(cfg))
+    mech.save(os.path.join(folder, "metrics.json"),
                     dict(accuracy=0.8, wall_time_s=1.0, interventions=interventions))
 
 
@@ -97,7 +97,7 @@ def test_paper_grids():
     cfgs = [parse(r) for _, r in atr[:: 50]]
     assert all(c.task == "atr" and c.total_steps == 100_032 for c in cfgs)
     based = {(parse(r).arch, parse(r).d_conv, parse(r).long_conv) for _, r in sweeps.sweep_runs("ar-based-conv", "paper", 1)}
-    assert based == {("based", k, False) for k in (1, 2, 3, 4)} | {("based", 3, True), ("base_conv", None, True)}
+    assert based == {("based", k, False) for k in (1, 2, 3, 4)} | {("based", 3, True), ("base_conv", 3, True)}
 
 
 def test_cpu_scale_uses_the_presets_with_seeds():
@@ -250,7 +250,7 @@ def test_sweeps_and_collections_draw_into_their_directory_unless_told_otherwise(
 
 def test_depth_figures_and_the_per_layer_attribution(tmp_path):
     for n in (1, 3):
-        mech.main(["--arch", "mamba", "--layers", str(n), "--out", str(tmp_path / f"l{n}"), "--quiet", *TINY])
+        mech.main(["--arch", "mamba", "--layers", str(n), "--out", str(tmp_path / f"l{n}"), *TINY])
     records = experiments.main(["--collect", str(tmp_path), "--figures-dir", str(tmp_path / "figures")])
     assert sorted(len(r["query_by_layer"]) for r in records) == [1, 3]
     for r in records:  # App. D.3's number: Attrib@Query of each layer's mixer output, Key corrupted
@@ -313,7 +313,7 @@ def test_a_run_is_done_only_if_its_folder_holds_that_very_run(tmp_path):
     cfg = sweeps.run_config(run, TINY)
     folder = tmp_path / "run"
     folder.mkdir()
-    write_config = lambda c: mech.write_json(str(folder / "config.json"), c)
+    write_config = lambda c: mech.save(str(folder / "config.json"), c)
     write_config(dataclasses.asdict(cfg))
     assert not sweeps.finished(str(folder), cfg)  # not finished: no metrics.json
     (folder / "metrics.json").write_text("{}")
@@ -337,7 +337,7 @@ def test_a_failed_sweep_says_so_in_one_line_and_force_starts_its_folders_over(tm
     runs = sweeps.sweep_runs("atr-attention-nope", "cpu", 1, sweeps.sweep_overrides(flags))
     (easy, easy_run), (medium, _) = ((tmp_path / name, run) for name, run in runs)
     easy.mkdir()  # a finished run of another seed under this run's name; a damaged config.json
-    mech.write_json(str(easy / "config.json"), dataclasses.asdict(sweeps.run_config(easy_run, flags + ["--seed", "7"])))
+    mech.save(str(easy / "config.json"), dataclasses.asdict(sweeps.run_config(easy_run, flags + ["--seed", "7"])))
     (easy / "metrics.json").write_text("{}")
     medium.mkdir()
     (medium / "config.json").write_text('{"task": "at')
@@ -347,9 +347,14 @@ def test_a_failed_sweep_says_so_in_one_line_and_force_starts_its_folders_over(tm
     assert sorted(line.split("see ")[1].split(")")[0] for line in failed) == [f"{easy}/log.txt", f"{medium}/log.txt"]
     err = r.stderr.strip().splitlines()
     assert len(err) == 1 and "2 of 2 runs failed" in err[0] and "--force" in err[0], r.stderr
-    assert "holds another run" in (easy / "log.txt").read_text() and "corrupt" in (medium / "log.txt").read_text()
+    assert "holds another run" in (easy / "log.txt").read_text() and "cannot be used" in (medium / "log.txt").read_text()
+    # --force starts over the folder of another configuration, never one whose config.json is no run's
     r = subprocess.run(args + ["--force"], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0 and "0 of 2 runs already done" in r.stdout, r.stdout + r.stderr  # the same folders
+    assert r.returncode == 1 and "1 of 2 runs failed" in r.stderr, r.stdout + r.stderr
+    assert (medium / "config.json").read_text() == '{"task": "at'
+    (medium / "config.json").unlink()  # moved away, as mech.py advises: the same command runs it
+    r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "1 of 2 runs already done" in r.stdout, r.stdout + r.stderr
     assert all(sweeps.finished(str(tmp_path / name), sweeps.run_config(run, flags)) for name, run in runs)
 
 
@@ -500,7 +505,7 @@ def watched_run(folder, seed, value_by_step, accuracy_by_step, effect=0.5, arch=
                                    main=dict(key=0.0, value=v, query=0.0),
                                    cells={"mixer_output[1]@query": v}))
                   for s, v in value_by_step.items()]
-    mech.write_json(path, m)
+    mech.save(path, m)
 
 
 def test_the_dynamics_table_says_what_comes_first(tmp_path):
@@ -558,7 +563,7 @@ def finding_run(root, name, accuracy=0.8, dev=None, **fields):
         m |= dict(dev_accuracy=dev, interventions_dev=json.loads(
             (root / "dev" / "metrics.json").read_text())["interventions"])
         shutil.rmtree(root / "dev")
-    mech.write_json(str(path), dict(m, accuracy=accuracy))
+    mech.save(str(path), dict(m, accuracy=accuracy))
 
 
 def main_runs(root):
@@ -723,3 +728,32 @@ def test_collect_skips_a_damaged_run_in_one_line_and_keeps_the_rest(tmp_path):
     records = collect.collect(str(tmp_path), log=lines.append)
     assert [r["folder"] for r in records] == ["good"]
     assert len(lines) == 3 and all(line.startswith("skipped ") for line in lines)
+
+
+def test_a_sweep_outlives_a_reader_that_stops_reading():
+    """sweeps.say: a broken pipe on stdout (`| head`) sends the rest to /dev/null, no error."""
+    script = ("import sys; sys.path.insert(0, '.'); from figures.sweeps import say\n"
+              "for i in range(20000): say('line', i)\n"
+              "open(sys.argv[1], 'w').write('went on')")
+    marker = os.path.join(ROOT, ".pytest_say_marker")
+    proc = subprocess.Popen([sys.executable, "-c", script, marker], cwd=ROOT,
+                            stdout=subprocess.PIPE)
+    proc.stdout.readline()
+    proc.stdout.close()  # the reader stops
+    try:
+        assert proc.wait(60) == 0
+        with open(marker) as f:
+            assert f.read() == "went on"
+    finally:
+        if os.path.exists(marker):
+            os.remove(marker)
+
+
+def test_numbers_refuses_a_folder_without_runs_in_one_line(tmp_path):
+    for root, words in ((tmp_path / "missing", "no folder"), (tmp_path, "no finished runs")):
+        (tmp_path / "cpu_preset").mkdir(exist_ok=True)
+        (tmp_path / "paper_protocol").mkdir(exist_ok=True)
+        done = subprocess.run([sys.executable, os.path.join(ROOT, "figures", "experiments.py"),
+                               "--numbers", str(root)], capture_output=True, text=True)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and words in done.stderr
+        assert not os.path.exists(root / "numbers.md")

@@ -8,7 +8,7 @@ Four groups:
      and must not find it in the contrast models. This is the test that the machinery measures
      what the paper says it measures;
   3. the verdict on synthetic rows;
-  4. the report and the run folder (metrics.json, mechanism.png, --load, --no-interventions).
+  4. the report and the run folder (metrics.json, the table shown again, --no-interventions).
 """
 import json
 import math
@@ -670,7 +670,7 @@ def test_the_conv_gloss_says_what_this_run_shows_and_only_when_it_reacts():
 # ── 4. the report and the run folder ──────────────────────────────────────────────────────────
 
 TINY = ["--arch", "attention", "--d-model", "16", "--num-kv", "64", "--n-train", "256", "--steps", "30",
-        "--eval-every", "10", "--n-eval", "32", "--threads", "1", "--quiet"]
+        "--eval-every", "10", "--n-eval", "32", "--threads", "1", "--no-dynamics"]
 
 
 def read_metrics(out):
@@ -708,47 +708,34 @@ def test_a_run_records_its_interventions(run_dir):
     assert iv["main"] == mech.main_setting(rows, 2)
     assert set(iv["main"]) == set(mech.POSITIONS)
     assert iv["verdict"] == mech.verdict(rows, 2)
-    with open(os.path.join(run_dir, "mechanism.png"), "rb") as f:
-        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-    assert os.path.getsize(os.path.join(run_dir, "mechanism.png")) > 1000
     # and they are the interventions of the saved model on the run's test documents
-    model, cfg = mech.load_run(run_dir)
+    with open(os.path.join(run_dir, "config.json")) as f:
+        cfg = mech.Config(**json.load(f))
+    model, _ = mech.train(cfg, run_dir, log=lambda m: None)  # a finished run is loaded
     task = mech.make_task(cfg)
     data = task.sample(cfg.n_eval, mech.rng_for(cfg.seed, "test"))
     same_rows(json.loads(json.dumps(mech.interchange(model, task, data, "key", cfg.seed))), rows[:n_cells])
 
 
-def test_load_reproduces_the_interventions_and_prints_the_table(run_dir, capsys):
-    before = read_metrics(run_dir)["interventions"]
+def test_the_same_command_prints_the_table_again_from_metrics_json(run_dir, capsys,
+                                                                  monkeypatch):
+    before = read_metrics(run_dir)
+    monkeypatch.setattr(mech, "analyse", lambda *a: pytest.fail("analysed again"))
     capsys.readouterr()
-    m = mech.main(["--load", run_dir, "--interventions"])
+    m = mech.main([*TINY, "--out", run_dir])
     printed = capsys.readouterr().out
     assert "verdict:" in printed and "<- main" in printed
-    assert ("verdict: " + before["verdict"]) in printed
+    assert ("verdict: " + before["interventions"]["verdict"]) in printed
     (main_line,) = [line for line in printed.splitlines() if "<- main" in line]
     assert main_line.startswith("block_input[1]")
-    after = read_metrics(run_dir)["interventions"]
-    same_rows(after["rows"], before["rows"])
-    same_rows(json.loads(json.dumps(m["interventions"]["rows"])), before["rows"])
-    assert after["verdict"] == before["verdict"]
-    assert os.path.exists(os.path.join(run_dir, "mechanism.png"))
+    assert mech.mechanism_report(before["interventions"]["rows"], 2) in printed
+    same_rows(json.loads(json.dumps(m["interventions"]["rows"])), before["interventions"]["rows"])
+    assert json.dumps(read_metrics(run_dir)) == json.dumps(before)  # unchanged
 
 
-def test_no_interventions_writes_neither_table_nor_figure(tmp_path):
+def test_no_interventions_writes_no_table(tmp_path, capsys):
     out = str(tmp_path / "run")
     m = mech.main([*TINY, "--out", out, "--no-interventions"])
-    torch.set_num_threads(1)
     assert "interventions" not in m and "interventions" not in read_metrics(out)
     assert os.path.exists(os.path.join(out, "model.pt"))
-    assert not os.path.exists(os.path.join(out, "mechanism.png"))
-
-
-def test_load_without_a_finished_run_exits_2_with_one_line(tmp_path, capsys):
-    empty = tmp_path / "nothing"
-    empty.mkdir()
-    with pytest.raises(SystemExit) as e:
-        mech.main(["--load", str(empty), "--interventions"])
-    assert e.value.code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--load" in err and "model.pt" in err, err
-    assert not os.path.exists(empty / "mechanism.png") and not os.path.exists(empty / "metrics.json")
+    assert "verdict:" not in capsys.readouterr().out

@@ -1,4 +1,5 @@
 """A mixer of your own: registered from outside mech.py, then trained, analysed and swept."""
+import json
 import os
 import subprocess
 import sys
@@ -39,7 +40,7 @@ def test_a_mixer_from_a_file_trains_and_is_analysed_with_a_verdict(tmp_path):
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert "mean on ar" in p.stdout and "verdict: " in p.stdout
-    assert os.path.exists(tmp_path / "run" / "mechanism.png")
+    assert f"python figures/plots.py {tmp_path / 'run'}" in p.stdout
 
 
 def test_a_sweep_runs_a_registered_mixer(tmp_path):
@@ -53,24 +54,116 @@ def test_a_sweep_runs_a_registered_mixer(tmp_path):
     assert "2 runs collected" in p.stdout
 
 
-class Shrinks(nn.Module):
+@pytest.fixture
+def registry(monkeypatch):
+    """Mixers registered in this test (by mech.register_mixer or a --mixer-file) leave with it."""
+    for name in ("MIXERS", "DEFAULT_DCONV", "MIXER_CODE"):
+        monkeypatch.setattr(mech, name, dict(getattr(mech, name)))
+
+
+def cli(args, capsys) -> tuple:
+    """(exit code, stdout, stderr) of `python mech.py ARGS`, run in this process."""
+    try:
+        mech.main(args)
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+RUN = [*TINY, "--no-interventions", "--no-dynamics"]
+MODULE = """
+import torch
+import torch.nn as nn
+
+import mech
+
+
+class Mixer(nn.Module):  # the mean of the positions so far, and what the case adds
+    def __init__(self, d):
+        super().__init__()
+        self.proj, self.drop = nn.Linear(d, d), nn.Dropout(0.5)
+        self.sites = %s
+
     def forward(self, x):
-        return x[..., :-1]
+        y = self.proj(self.drop(x)).cumsum(1) / torch.arange(1, x.shape[1] + 1)[:, None]
+        return %s
 
 
-class Peeks(nn.Module):  # each position sees the next one: not causal
-    def forward(self, x):
-        return x + x.roll(-1, dims=1)
+mech.register_mixer(%r, %s)
+"""
+CASES = {  # name -> (its sites, what forward returns, its factory, the one line it gets)
+    "causal": ("{}", "y", "lambda cfg, i: Mixer(cfg.d_model)", None),  # dropout: eval mode
+    "leaky": ("{}", "y + x.roll(-1, 1) if x.shape[1] > 8 else y",
+              "lambda cfg, i: Mixer(cfg.d_model)", "'leaky' is not causal: its output at"),
+    "nan": ("{}", "y * float('nan')", "lambda cfg, i: Mixer(cfg.d_model)", "'nan' returns NaN"),
+    "shrinks": ("{}", "y[..., :-1]", "lambda cfg, i: Mixer(cfg.d_model)", ", 15); a mixer keeps"),
+    "nomodule": ("{}", "y", "lambda cfg, i: 'a string'", "'nomodule': its factory returned a str"),
+    "clash": ("{'block_input': 'proj'}", "y", "lambda cfg, i: Mixer(cfg.d_model)",
+              "'clash' names a site block_input"),
+}
 
 
-@pytest.mark.parametrize("name, factory, needle", [
-    ("attention", lambda cfg, i: nn.Identity(), "'attention' is taken"),
-    ("shrinks", lambda cfg, i: Shrinks(), "maps (2, 7, 16) to (2, 7, 15)"),
-    ("peeks", lambda cfg, i: Peeks(), "'peeks' is not causal")])
-def test_registration_errors_are_one_line(name, factory, needle):
-    with pytest.raises(ValueError, match=needle.replace("(", r"\(").replace(")", r"\)")):
-        mech.register_mixer(name, factory)
-    assert name == "attention" or name not in mech.MIXERS
+def mixer_file(folder, name, body=None):
+    """A --mixer-file that registers CASES[name] (or another forward's body) as `name`."""
+    sites, returns, factory, _ = CASES[name]
+    path = folder / f"{name}.py"
+    path.write_text(MODULE % (sites, body or returns, name, factory))
+    return str(path)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_a_mixer_is_tried_as_the_run_uses_it_and_a_wrong_one_refused_in_one_line(
+        name, registry, tmp_path, capsys):
+    """In eval mode (its dropout off), at the run's length (37 tokens: a leak past 8 shows),
+    every position against every later one; NaN, no module, a block's site name: one line."""
+    out = tmp_path / "run"
+    code, _, err = cli(["--mixer-file", mixer_file(tmp_path, name), "--arch", name, *RUN,
+                        "--out", str(out)], capsys)
+    needle = CASES[name][3]
+    if needle is None:
+        assert code == 0, err
+        assert os.path.exists(out / "metrics.json")
+        return
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert needle in err, err
+    assert not out.exists()  # refused before anything is written
+
+
+def test_a_mixer_with_dropout_resumes_exactly(registry, tmp_path, capsys, monkeypatch):
+    """Its dropout masks are drawn from (seed, step): a stopped run ends as an uninterrupted one."""
+    file = mixer_file(tmp_path, "causal")
+    args = ["--mixer-file", file, "--arch", "causal", *RUN]
+    assert cli([*args, "--out", str(tmp_path / "full")], capsys)[0] == 0
+    lr_at = mech.lr_at
+
+    def stop_during_step_13(step, cfg):
+        if step == 13:
+            mech.STOP.append(15)  # as the handler of SIGTERM does
+        return lr_at(step, cfg)
+    monkeypatch.setattr(mech, "lr_at", stop_during_step_13)
+    assert cli([*args, "--out", str(tmp_path / "stopped")], capsys)[0] == 130
+    monkeypatch.setattr(mech, "lr_at", lr_at)
+    assert cli([*args, "--out", str(tmp_path / "stopped")], capsys)[0] == 0
+    curves = [json.loads((tmp_path / run / "metrics.json").read_text())["curve"]
+              for run in ("full", "stopped")]
+    assert [[{k: v for k, v in p.items() if k != "time_s"} for p in c] for c in curves] == [
+        [{k: v for k, v in p.items() if k != "time_s"} for p in curves[0]]] * 2
+
+
+def test_an_edited_mixer_file_is_another_run(registry, tmp_path, capsys, monkeypatch):
+    args = ["--arch", "causal", *RUN, "--out", str(tmp_path / "run")]
+    code, _, err = cli(["--mixer-file", mixer_file(tmp_path, "causal"), *args], capsys)
+    assert code == 0, err
+    first, cfg = mech.MIXER_CODE["causal"], mech.Config(arch="causal")
+    folder = mech.default_out(cfg)
+    monkeypatch.setattr(mech, "MIXERS", {k: v for k, v in mech.MIXERS.items() if k != "causal"})
+    edited = mixer_file(tmp_path, "causal", body="2 * y")  # as a new process would run it
+    code, _, err = cli(["--mixer-file", edited, *args], capsys)
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert "another run" in err and f"mixer_code {first} (asked: " in err, err
+    assert mech.MIXER_CODE["causal"] != first and mech.default_out(cfg) != folder
 
 
 def test_a_registered_mixer_trains_in_python(monkeypatch):
@@ -103,6 +196,5 @@ def test_a_mixer_takes_dconv_and_names_a_site_of_its_own(monkeypatch):
         assert cfg.d_conv == (3 if d_conv is None else 0)
         model = mech.build_model(cfg, 70)
         assert (("conv_output", 0) in mech.sites_of(model)) == has_site
-    with pytest.raises(ValueError, match="names a site block_input"):
-        mech.register_mixer("clash", lambda cfg, i: type("C", (nn.Identity,), {
-            "sites": {"block_input": "x"}})())
+    with pytest.raises(ValueError, match="'attention' is taken"):
+        mech.register_mixer("attention", lambda cfg, i: nn.Identity())

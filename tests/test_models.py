@@ -442,7 +442,7 @@ def test_taylor_linear_attention_matches_feature_map():
 
 # ── long convolutions and H3's kernels ──────────────────────────────────────────────────────
 
-@pytest.mark.parametrize("L", [1, 2, 7, 20])
+@pytest.mark.parametrize("L", [1, 2, 7, 20, 37])
 def test_causal_long_conv_is_the_direct_sum(L):
     g = torch.Generator().manual_seed(L)
     u = torch.randn(2, L, 3, generator=g, dtype=torch.float64)
@@ -459,10 +459,10 @@ def test_causal_long_conv_is_the_direct_sum(L):
 def test_short_causal_conv_formula(width):
     torch.manual_seed(width)
     conv = mech.CausalConv1d(3, width).double()
-    x = torch.randn(2, 6, 3, dtype=torch.float64)
+    x = torch.randn(2, 37, 3, dtype=torch.float64)
     w, bias = conv.weight[:, 0], conv.bias
     want = torch.zeros_like(x)
-    for t in range(6):
+    for t in range(37):
         for i in range(width):
             s = t - (width - 1) + i
             if s >= 0:

@@ -1,30 +1,43 @@
-"""A run folder holds one run; faults and interruptions end in one line and lose nothing."""
-import fcntl
+"""A run's folder and its promises (issue 48): the same command gives the same numbers, resumes a
+stopped or killed run exactly, completes what a stop left undone, never leaves half a file, shows
+a finished run again without training, and refuses what it cannot use in one line.
+
+Most tests run `python mech.py ...` in this process (mech.main); the two that need a real process
+(a hangup, a kill -9) wait for the line the run prints, never for a time."""
+import errno
 import json
 import os
+import shutil
 import signal
+import subprocess
+import sys
+import threading
 
 import pytest
 import torch
 
 import mech
 
-TINY = ["--arch", "attention", "--d-model", "16", "--num-kv", "64", "--n-train", "256", "--steps",
-        "30", "--eval-every", "10", "--n-eval", "32", "--quiet", "--no-interventions",
-        "--threads", "1"]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = dict(arch="attention", d_model=16, num_kv=64, n_train=256, steps=40, eval_every=10,
+            n_eval=32, seed=5)
 
 
-def run(args, capsys):
-    """(exit code, stderr) of mech.main(args); 0 if it returned."""
-    before = torch.get_num_threads()
+def command(out, *extra, **fields) -> list:
+    """The arguments of `python mech.py` for the TINY run (fields changed) in `out`."""
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in {**TINY, **fields}.items()]
+    return [*flags, "--threads=1", "--no-dynamics", "--out", str(out), *extra]
+
+
+def cli(args, capsys) -> tuple:
+    """(exit code, stdout, stderr) of `python mech.py ARGS`, run in this process."""
     try:
         mech.main(args)
         code = 0
     except SystemExit as e:
         code = e.code
-    finally:
-        torch.set_num_threads(before)
-    return code, capsys.readouterr().err
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 def one_line(err, *needles):
@@ -33,385 +46,478 @@ def one_line(err, *needles):
         assert needle in err, err
 
 
-def test_a_folder_with_another_configuration_is_refused_and_kept(tmp_path, capsys):
-    out = str(tmp_path / "x")
-    assert run([*TINY, "--out", out], capsys)[0] == 0
-    before = {f: open(os.path.join(out, f), "rb").read() for f in ("config.json", "metrics.json")}
-    code, err = run([*TINY, "--lr", "3e-3", "--out", out], capsys)
-    assert code == 1
-    one_line(err, out, "holds another run", "lr 0.001 (asked: 0.003)", "--force")
-    assert before == {f: open(os.path.join(out, f), "rb").read() for f in before}  # untouched
-    code, err = run([*TINY, "--lr", "3e-3", "--out", out, "--force"], capsys)
-    assert code == 0, err
-    with open(os.path.join(out, "config.json")) as f:
-        assert json.load(f)["lr"] == 3e-3
+def result(out) -> tuple:
+    """(metrics.json without the clock's numbers, as text; model.pt's tensors) of a run."""
+    with open(os.path.join(out, "metrics.json")) as f:
+        m = json.load(f)
+    m = {k: v for k, v in m.items() if k not in ("wall_time_s", "steps_per_s")}
+    m["curve"] = [{k: v for k, v in p.items() if k != "time_s"} for p in m["curve"]]
+    return json.dumps(m, sort_keys=True), torch.load(os.path.join(out, "model.pt"))  # NaN == NaN
 
 
-def test_a_checkpoint_resumes_only_the_configuration_that_made_it(tmp_path):
-    cfg = mech.Config(arch="attention", d_model=16, num_kv=64, n_train=256, steps=40,
-                      eval_every=10, n_eval=32)
-    other = mech.Config(**{**cfg.__dict__, "lr": 3e-3})
-    a, b = tmp_path / "a", tmp_path / "b"
-    mech.train(other, str(b), device="cpu", log=lambda m: None, checkpoint_every_s=0)
-    os.makedirs(a)
-    mech.claim(str(a), cfg).close()
-    model = mech.build_model(other, 68)
-    opt = torch.optim.AdamW(model.parameters())
-    torch.save(dict(step=20, curve=[], elapsed=0.0, since=20, loss_sum=0.0, model=model.state_dict(),
-                    optimizer=opt.state_dict(), identity=mech.identity(other)), a / "checkpoint.pt")
-    with pytest.raises(mech.RunError, match="made by another configuration"):
-        mech.train(cfg, str(a), device="cpu", log=lambda m: None)
+def assert_same_run(out, reference):
+    """The curve, metrics and interventions equal, the weights bit for bit."""
+    (m, w), (m_ref, w_ref) = result(out), result(reference)
+    assert m == m_ref
+    assert w.keys() == w_ref.keys() and all(torch.equal(w[k], w_ref[k]) for k in w)
+    assert not any(f.endswith(".tmp") or f == "checkpoint.pt" for f in os.listdir(out))
 
 
-def test_a_second_process_on_the_same_folder_is_refused(tmp_path, capsys):
-    out = tmp_path / "x"
-    os.makedirs(out)
-    with open(out / ".lock", "w") as held:  # another live process holds the folder
-        fcntl.flock(held, fcntl.LOCK_EX)
-        code, err = run([*TINY, "--out", str(out)], capsys)
-        assert code == 1
-        one_line(err, "in use by another process")
-    assert run([*TINY, "--out", str(out)], capsys)[0] == 0  # released: a dead one leaves no lock
-
-
-@pytest.mark.parametrize("args, needles", [
-    (["--steps", "10", "--epochs", "1"], ["--steps", "--epochs", "not both"]),
-    (["--task", "atr", "--num-kv", "64"], ["--num-kv", "--task ar"]),
-    (["--atr", "medium"], ["--atr", "--task atr"]),
-    (["--held-out", "0.2"], ["--held-out", "atr"]),
-    (["--scan", "ref"], ["--scan", "--arch mamba"]),
-    (["--arch", "mamba", "--hyena-d-skip"], ["--hyena-d-skip", "--arch hyena"]),
-    (["--decay-frac", "0.3", "--schedule", "cosine"], ["--decay-frac", "--schedule wsd"]),
-    (["--load", "somewhere", "--lr", "1e-3"], ["--load", "lr"]),
-])
-def test_contradictory_or_inapplicable_flags_are_refused(args, needles, tmp_path, capsys):
-    code, err = run([*args, "--out", str(tmp_path / "x")], capsys)
-    assert code == 2
-    one_line(err, *needles)
-
-
-@pytest.mark.parametrize("held_out", ["1e-9", "0.9999"])
-def test_a_held_out_fraction_that_splits_nothing_is_refused(held_out, tmp_path, capsys):
-    code, err = run(["--task", "atr", "--held-out", held_out, "--steps", "5", "--d-model", "16",
-                     "--n-train", "64", "--n-eval", "8", "--out", str(tmp_path / "x")], capsys)
-    assert code == 1
-    one_line(err, f"--held-out {float(held_out):g}", "of the 400")
-
-
-def test_an_explicit_epochs_wins_over_the_presets_steps(tmp_path):
-    cfg = mech.config_from_args(mech.build_parser().parse_args(["--epochs", "1", "--n-train", "64"]))
-    assert cfg.total_steps == 2 and cfg.steps is None
-
-
-def test_divergence_far_above_a_uniform_guess_stops_the_run(tmp_path, capsys):
-    code, err = run([*TINY, "--lr", "100", "--out", str(tmp_path / "x")], capsys)
-    assert code == 1
-    one_line(err, "training loss reached", "uniform guess", "lower --lr than 100")
-
-
-@pytest.mark.parametrize("name, damage", [
-    ("config.json", lambda b: b[:len(b) // 2]), ("metrics.json", lambda b: b[:10]),
-    ("model.pt", lambda b: b[:100])])
-def test_damaged_files_end_in_one_line_that_suggests_force(name, damage, tmp_path, capsys):
-    out = str(tmp_path / "x")
-    assert run([*TINY, "--out", out], capsys)[0] == 0
-    path = os.path.join(out, name)
-    with open(path, "rb") as f:
-        data = f.read()
-    with open(path, "wb") as f:
-        f.write(damage(data))
-    args = ["--load", out] if name == "model.pt" else [*TINY, "--out", out, "--interventions"]
-    code, err = run(args, capsys)
-    assert code == 1
-    one_line(err, name, "corrupt or truncated", "--force")
-
-
-def test_an_out_that_is_a_file_ends_in_one_line(tmp_path, capsys):
-    (tmp_path / "file").write_text("")
-    code, err = run([*TINY, "--out", str(tmp_path / "file")], capsys)
-    assert code == 1
-    one_line(err, "error:", "file")
-
-
-def test_sigint_saves_a_checkpoint_and_the_rerun_ends_where_an_uninterrupted_run_does(tmp_path,
-                                                                                       monkeypatch):
-    cfg = mech.Config(arch="attention", d_model=16, num_kv=64, n_train=256, steps=40,
-                      eval_every=10, n_eval=32, seed=3)
-    torch.set_num_threads(1)
-    before = signal.getsignal(signal.SIGINT)  # Python's default, or SIG_IGN under nohup ... &
-    _, full = mech.train(cfg, str(tmp_path / "full"), device="cpu", log=lambda m: None)
-    out = str(tmp_path / "stopped")
-    lines = []
-    lr_at = mech.lr_at
-
-    def ctrl_c_during_the_eleventh_step(step, cfg):
-        if step == 10:
-            os.kill(os.getpid(), signal.SIGINT)  # as a user's Ctrl-C: handled, not a traceback
-        return lr_at(step, cfg)
-    monkeypatch.setattr(mech, "lr_at", ctrl_c_during_the_eleventh_step)
-    with pytest.raises(mech.Interrupted, match="stopped at step 11 of 40; the same command"):
-        mech.train(cfg, out, device="cpu", log=lines.append)
-    monkeypatch.setattr(mech, "lr_at", lr_at)
-    assert torch.load(os.path.join(out, "checkpoint.pt"))["step"] == 11  # between two evaluations
-    _, resumed = mech.train(cfg, out, device="cpu", log=lines.append)
-    assert any("resuming" in m and "step 11" in m for m in lines)
-    strip = lambda curve: [{k: v for k, v in p.items() if k != "time_s"} for p in curve]
-    assert strip(resumed["curve"]) == strip(full["curve"])
-    a, b = torch.load(os.path.join(out, "model.pt")), torch.load(tmp_path / "full" / "model.pt")
-    for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=1e-6, atol=1e-7, msg=name)
-    assert signal.getsignal(signal.SIGINT) is before  # the caller's handler restored
-
-
-def test_a_model_that_cannot_fit_in_memory_ends_in_one_line(tmp_path):
-    """The process's address space is capped at 6 GiB, so that the model (d 2,000,000: 65 GB of
-    embedding alone) is refused by the allocator without this machine's memory being touched."""
-    import resource
-    import subprocess
-    import sys
-
-    def cap():
-        resource.setrlimit(resource.RLIMIT_AS, (6 * 2 ** 30, 6 * 2 ** 30))
-    p = subprocess.run([sys.executable, "mech.py", *TINY, "--d-model", "2000000", "--out",
-                        str(tmp_path / "x")], cwd=os.path.dirname(os.path.dirname(
-                            os.path.abspath(__file__))), capture_output=True, text=True,
-                       timeout=300, preexec_fn=cap)
-    assert p.returncode == 1, p.stderr
-    one_line(p.stderr, "can't allocate memory")
-
-
-def test_scan_ext_without_a_compiler_ends_in_one_line(tmp_path):
-    import subprocess
-    import sys
-    env = dict(os.environ, CXX="no-such-compiler", MECH_SCAN_CACHE=str(tmp_path / "cache"))
-    tiny = [a for a in TINY[2:] if a not in ("--n-train", "256")]  # Mamba on AR: fresh data
-    p = subprocess.run([sys.executable, "mech.py", "--arch", "mamba", "--scan", "ext", *tiny,
-                        "--out", str(tmp_path / "x")], cwd=os.path.dirname(os.path.dirname(
-                            os.path.abspath(__file__))), env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert p.returncode == 1
-    one_line(p.stderr, "scan backend 'ext' is unavailable", "no C++ compiler")
-
-
-# ── issue 38: every fault ends in a result, one line, or a resumable stop ────────────────────
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SMALL = dict(arch="attention", d_model=16, num_kv=64, n_train=256, steps=30, eval_every=10,
-             n_eval=32, seed=5)
-
-
-def without_time(curve):
-    return [{k: v for k, v in p.items() if k != "time_s"} for p in curve]
+def files(out) -> dict:
+    return {f: (out / f).read_bytes() for f in os.listdir(out)}
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """An uninterrupted run of SMALL: what every stopped and resumed run must end as."""
-    torch.set_num_threads(1)
-    _, metrics = mech.train(mech.Config(**SMALL), str(tmp_path_factory.mktemp("ref") / "run"),
-                            device="cpu", log=lambda m: None)
-    return metrics
+    """An uninterrupted run, interventions included: what every stopped run must end as."""
+    out = tmp_path_factory.mktemp("reference") / "run"
+    mech.main(command(out))
+    return out
 
 
-def signal_during(monkeypatch, name, when, sig=signal.SIGTERM):
-    """Make mech.<name> send sig to this process on the calls where when(args, kwargs) is true."""
-    original = getattr(mech, name)
+@pytest.fixture
+def finished(reference, tmp_path):
+    """A copy of the finished reference run, to change."""
+    return shutil.copytree(reference, tmp_path / "run")
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory):
+    """A run stopped at step 14 (a stop during step 13): its folder holds a checkpoint."""
+    out = tmp_path_factory.mktemp("stopped") / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        stop_during_step(mp, 13)
+        with pytest.raises(SystemExit):
+            mech.main(command(out))
+    return out
+
+
+@pytest.fixture
+def hangup_not_ignored():
+    """SIGHUP as in a terminal, even if these tests run under nohup."""
+    before = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGHUP, before)
+
+
+def stop_during_step(monkeypatch, step, signum=None):
+    """During training step `step`, a stop arrives: the signal signum to this process, or (None)
+    one appended to mech.STOP, as the signal handler does."""
+    lr_at = mech.lr_at
+
+    def hook(s, cfg):
+        if s == step:
+            if signum is None:
+                mech.STOP.append(signal.SIGTERM)
+            else:
+                os.kill(os.getpid(), signum)
+        return lr_at(s, cfg)
+    monkeypatch.setattr(mech, "lr_at", hook)
+
+
+# ── same command, same numbers ───────────────────────────────────────────────────────────────
+
+def test_the_same_command_gives_the_same_numbers(reference, tmp_path, capsys):
+    code, _, err = cli(command(tmp_path / "again"), capsys)
+    assert code == 0, err
+    assert_same_run(tmp_path / "again", reference)
+    code, _, err = cli(command(tmp_path / "seed6", "--no-interventions", seed=6), capsys)
+    assert code == 0, err
+    assert result(tmp_path / "seed6")[0] != result(reference)[0]  # and the seed matters
+
+
+# ── stopped is resumable, exactly ────────────────────────────────────────────────────────────
+
+@pytest.mark.parametrize("signum", [None, signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_during_a_step_takes_effect_after_it_and_the_same_command_resumes_exactly(
+        signum, reference, tmp_path, monkeypatch, capsys, hangup_not_ignored):
+    out = tmp_path / "run"
+    handlers = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)]
+    stop_during_step(monkeypatch, 13, signum)
+    code, _, err = cli(command(out), capsys)
+    assert code == 130
+    one_line(err, "stopped at step 14 of 40", "the same command resumes")
+    state = torch.load(out / "checkpoint.pt")  # step 13 done, then the stop: 10 steps of 40
+    assert state["step"] == 14 and [p["step"] for p in state["curve"]] == [10]
+    assert sorted(os.listdir(out)) == ["checkpoint.pt", "config.json"] and not mech.STOP
+    assert handlers == [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM,
+                                                      signal.SIGHUP)]  # the caller's, restored
+    monkeypatch.undo()
+    code, stdout, err = cli(command(out), capsys)
+    assert code == 0, err
+    assert f"resuming {out} at step 14" in stdout
+    assert_same_run(out, reference)
+
+
+def test_under_nohup_a_hangup_is_ignored_and_the_run_goes_on(reference, tmp_path, monkeypatch,
+                                                             capsys):
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as `nohup python mech.py ...`
+    try:
+        stop_during_step(monkeypatch, 13, signal.SIGHUP)
+        code, _, err = cli(command(tmp_path / "run"), capsys)
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, before)
+    assert code == 0 and err == "", err
+    assert_same_run(tmp_path / "run", reference)
+
+
+def signal_in(monkeypatch, owner, name, when, signum=signal.SIGTERM):
+    """owner.name sends signum to this process (a real signal, a real handler) when when(*args)."""
+    original = getattr(owner, name)
 
     def wrapped(*args, **kwargs):
-        if when(args, kwargs):
-            os.kill(os.getpid(), sig)
+        if when(*args):
+            os.kill(os.getpid(), signum)
         return original(*args, **kwargs)
-    monkeypatch.setattr(mech, name, wrapped)
+    monkeypatch.setattr(owner, name, wrapped)
 
 
-def small_args(out, *extra):
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in SMALL.items()]
-    return [*flags, "--out", str(out), "--quiet", "--threads", "1", *extra]
+def half_then(monkeypatch, signum=None, error=None):
+    """json.dump of the interventions writes half its text, then a signal or an error comes."""
+    dump = json.dump
+
+    def half(obj, f, **kwargs):
+        if "interventions" not in obj:
+            return dump(obj, f, **kwargs)
+        text = json.dumps(obj, **kwargs)
+        f.write(text[:len(text) // 2])
+        f.flush()
+        if signum is not None:
+            os.kill(os.getpid(), signum)
+        raise error
+    monkeypatch.setattr(json, "dump", half)
 
 
-@pytest.mark.parametrize("where", ["data generation", "last step", "interventions"])
-def test_a_stop_at_any_moment_resumes_to_the_same_final_metrics(where, reference, tmp_path,
-                                                                monkeypatch, capsys):
+ALWAYS = lambda *args: True  # noqa: E731
+MOMENTS = {  # a stop outside a training step: where (the function that receives it), and when
+    "before training": lambda mp: signal_in(mp, mech, "choose_device", ALWAYS),
+    "making the data": lambda mp: signal_in(mp, mech, "training_batches", ALWAYS),
+    "writing model.pt": lambda mp: signal_in(
+        mp, mech, "save", lambda path, obj: path.endswith("model.pt")),
+    "writing metrics.json": lambda mp: signal_in(
+        mp, mech, "save", lambda path, obj: path.endswith("metrics.json")
+        and "interventions" not in obj),
+    "the analysis": lambda mp: signal_in(mp, mech, "analyse", ALWAYS),
+    "writing the interventions": lambda mp: half_then(mp, signal.SIGINT, AssertionError()),
+}
+
+
+@pytest.mark.parametrize("moment", MOMENTS)
+def test_a_stop_at_any_other_moment_exits_130_and_the_same_command_completes_the_run(
+        moment, reference, tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
-    if where == "data generation":
-        signal_during(monkeypatch, "training_batches", lambda args, kwargs: True)
-    elif where == "last step":  # lr_at(step, cfg)
-        signal_during(monkeypatch, "lr_at", lambda args, kwargs: args[0] == SMALL["steps"] - 1)
-    else:  # the analysis's interchange, not the light one of each evaluation (cells=...)
-        signal_during(monkeypatch, "interchange", lambda args, kwargs: "cells" not in kwargs)
-    code, err = run(small_args(out, "--interventions"), capsys)
+    MOMENTS[moment](monkeypatch)
+    code, _, err = cli(command(out), capsys)
     assert code == 130
     one_line(err, "stopped")
+    assert "error" not in err  # a stop, not a failure
+    assert not out.exists() or not any(f.endswith(".tmp") for f in os.listdir(out))
     monkeypatch.undo()
-    code, err = run(small_args(out, "--interventions"), capsys)
+    code, _, err = cli(command(out), capsys)
     assert code == 0, err
-    with open(out / "metrics.json") as f:
-        metrics = json.load(f)
-    assert without_time(metrics["curve"]) == without_time(reference["curve"])
-    assert "interventions" in metrics and not os.path.exists(out / "checkpoint.pt")
+    assert_same_run(out, reference)
 
 
-def test_a_closed_terminal_saves_a_checkpoint_and_says_so(tmp_path):
-    import subprocess
-    import sys
-    out = tmp_path / "run"
-    args = small_args(out, "--no-interventions")
-    args[args.index("--steps=30")] = "--steps=3000"
-    # a terminal's run: SIGHUP not ignored, as it is (and stays, for mech.py) under nohup
-    p = subprocess.Popen([sys.executable, "mech.py", *[a for a in args if a != "--quiet"]],
-                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+HOOK = '''# not a mixer: it makes the run wait at step $WAIT_AT, until a signal comes or a kill
+import os
+import time
+
+import mech
+
+lr_at = mech.lr_at
+
+
+def wait_at(step, cfg):
+    if step == int(os.environ["WAIT_AT"]):
+        print("waiting at step", step, flush=True)
+        deadline = time.time() + 300  # guards a test that lost its process against a hang
+        while not mech.STOP and time.time() < deadline:
+            time.sleep(0.01)
+    return lr_at(step, cfg)
+
+
+mech.lr_at = wait_at
+'''
+
+
+def start_waiting(out, hook, wait_at):
+    """`python mech.py` of the TINY run in a process of its own, once it waits at step wait_at;
+    its lines before that. SIGHUP as in a terminal."""
+    p = subprocess.Popen([sys.executable, "mech.py", *command(out, "--mixer-file", str(hook))],
+                         cwd=ROOT, env=dict(os.environ, WAIT_AT=str(wait_at)), text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
-    while not p.stdout.readline().startswith("step"):  # training has begun
-        pass
-    p.send_signal(signal.SIGHUP)
-    _, err = p.communicate(timeout=120)
-    assert p.returncode == 130
-    one_line(err, "stopped at step", "the same command resumes")
-    assert torch.load(out / "checkpoint.pt")["step"] >= 10
+    lines, hang = [], threading.Timer(300, p.kill)  # guards against a hang only
+    hang.start()
+    try:
+        for line in p.stdout:
+            lines.append(line)
+            if line.startswith("waiting at step"):
+                return p, lines
+    finally:
+        hang.cancel()
+    p.wait(timeout=300)
+    pytest.fail(f"it never got to step {wait_at}: {''.join(lines)} {p.stderr.read()}")
 
 
-def test_checkpoints_follow_the_clock_not_the_evaluations(tmp_path, monkeypatch):
-    cfg = mech.Config(**{**SMALL, "eval_every": 30})  # one evaluation, at the end
-    saved = []
+def test_a_closed_terminal_then_a_kill_lose_at_most_a_few_steps_and_the_run_ends_as_one(
+        reference, tmp_path, capsys):
+    out, hook = tmp_path / "run", tmp_path / "hook.py"
+    hook.write_text(HOOK)  # registers no mixer: the same run as without it
+    p, _ = start_waiting(out, hook, 13)
+    p.send_signal(signal.SIGHUP)  # the terminal closes during step 13
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 130, err
+    one_line(err, "stopped at step 14 of 40", "the same command resumes")
+    assert torch.load(out / "checkpoint.pt")["step"] == 14
+    p, lines = start_waiting(out, hook, 27)  # the same command goes on ...
+    assert any(f"resuming {out} at step 14" in line for line in lines), lines
+    p.kill()  # ... and is killed during step 27: the checkpoint of step 20 is left
+    p.communicate(timeout=300)
+    assert p.returncode == -signal.SIGKILL
+    assert torch.load(out / "checkpoint.pt")["step"] == 20
+    assert sorted(os.listdir(out)) == ["checkpoint.pt", "config.json"]
+    code, stdout, err = cli(command(out), capsys)
+    assert code == 0, err
+    assert f"resuming {out} at step 20" in stdout
+    assert_same_run(out, reference)
 
-    class Clock:  # mech's clock: 7 seconds pass at each reading
-        now = 0
 
-        @classmethod
-        def time(cls):
-            cls.now += 7
-            return cls.now
+# ── finished means complete ──────────────────────────────────────────────────────────────────
 
-    def save_checkpoint(run):
-        saved.append(run.step)
-        run.last_save = Clock.now
-    monkeypatch.setattr(mech, "time", Clock)
-    monkeypatch.setattr(mech.RunFolder, "save_checkpoint", save_checkpoint)
-    mech.train(cfg, str(tmp_path / "run"), device="cpu", log=lambda m: None)
-    assert saved and saved[0] < 30  # a checkpoint long before the first evaluation
+def no_training(monkeypatch):
+    def fail(*args):
+        raise AssertionError("trained again")
+    monkeypatch.setattr(mech, "lr_at", fail)
 
 
-def test_a_full_disk_says_so_keeps_the_last_checkpoint_and_leaves_no_temporary_file(
-        reference, tmp_path, monkeypatch):
-    import errno
+def test_metrics_without_interventions_get_them_without_training(finished, reference,
+                                                                  monkeypatch, capsys):
+    with open(finished / "metrics.json") as f:
+        metrics = json.load(f)
+    del metrics["interventions"]  # as a stop during the analysis leaves it
+    mech.save(str(finished / "metrics.json"), metrics)
+    model = (finished / "model.pt").stat().st_mtime_ns
+    no_training(monkeypatch)
+    code, stdout, err = cli(command(finished), capsys)
+    assert code == 0, err
+    assert not any(line.startswith(("step", "resuming")) for line in stdout.splitlines())
+    assert "interventions: patching" in stdout and "verdict: " in stdout
+    assert (finished / "model.pt").stat().st_mtime_ns == model
+    assert_same_run(finished, reference)
+
+
+class Killed(BaseException):
+    """The process dies here (kill -9): nothing after it runs."""
+
+
+def test_a_run_killed_between_its_last_files_is_not_finished_and_is_completed(
+        reference, tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
-    real_open = open
+    save = mech.save
 
-    def full_disk_for_the_model(path, mode="r", *args, **kwargs):
-        if "model.pt.tmp" in str(path) and "w" in mode:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real_open(path, mode, *args, **kwargs)
-    monkeypatch.setattr(mech, "open", full_disk_for_the_model, raising=False)
-    with pytest.raises(mech.RunError, match="no space left on the device to write .*model.pt"):
-        mech.train(mech.Config(**SMALL), str(out), device="cpu", log=lambda m: None,
-                   checkpoint_every_s=0)
-    assert os.path.exists(out / "checkpoint.pt")
-    assert not [f for f in os.listdir(out) if ".tmp" in f]
+    def killed_before_the_metrics(path, obj):
+        if path.endswith("metrics.json"):
+            raise Killed
+        save(path, obj)
+    monkeypatch.setattr(mech, "save", killed_before_the_metrics)
+    with pytest.raises(Killed):
+        mech.main(command(out))
     monkeypatch.undo()
-    _, metrics = mech.train(mech.Config(**SMALL), str(out), device="cpu", log=lambda m: None)
-    assert without_time(metrics["curve"]) == without_time(reference["curve"])
+    assert sorted(os.listdir(out)) == ["checkpoint.pt", "config.json", "model.pt"]
+    code, stdout, err = cli(command(out), capsys)
+    assert code == 0, err
+    assert f"resuming {out} at step 40" in stdout and "already holds" not in stdout
+    assert_same_run(out, reference)
 
 
-def test_output_that_a_reader_closes_early_neither_kills_the_run_nor_loses_it(tmp_path):
-    import subprocess
-    import sys
+def test_a_finished_run_without_its_model_is_trained_again(finished, reference, capsys):
+    os.unlink(finished / "model.pt")
+    code, stdout, err = cli(command(finished), capsys)
+    assert code == 0, err
+    assert "already holds" not in stdout and "step      40/40" in stdout
+    assert_same_run(finished, reference)
+
+
+# ── nothing half-written ─────────────────────────────────────────────────────────────────────
+
+def full_disk(monkeypatch, owner, name, when):
+    """owner.name writes part of its file, then the disk is full, when when(obj, path)."""
+    original = getattr(owner, name)
+
+    def partly(obj, f, *args, **kwargs):
+        if not when(obj, f if isinstance(f, str) else f.name):
+            return original(obj, f, *args, **kwargs)
+        if isinstance(f, str):
+            with open(f, "wb") as g:
+                g.write(b"PK\x03\x04 half a file")
+        else:
+            f.write('{"accuracy": ')
+            f.flush()
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(owner, name, partly)
+
+
+FULL = {  # where the disk fills -> (what is kept, at what step the checkpoint is then)
+    "a checkpoint": (lambda mp: full_disk(mp, torch, "save", lambda obj, path: obj.get(
+        "step") == 20), ["checkpoint.pt", "config.json"], 10),
+    "model.pt": (lambda mp: full_disk(mp, torch, "save", lambda obj, path: path.endswith(
+        "model.pt.tmp")), ["checkpoint.pt", "config.json"], 40),
+    "metrics.json": (lambda mp: full_disk(mp, json, "dump", lambda obj, path: "curve" in obj),
+                     ["checkpoint.pt", "config.json", "model.pt"], 40),
+    "the interventions": (lambda mp: half_then(mp, error=OSError(
+        errno.ENOSPC, os.strerror(errno.ENOSPC))), ["config.json", "metrics.json", "model.pt"],
+        None),
+}
+
+
+@pytest.mark.parametrize("where", FULL)
+def test_a_full_disk_ends_in_one_line_keeps_the_last_checkpoint_and_no_temporary_file(
+        where, reference, tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
-    args = [a for a in small_args(out, "--interventions") if a != "--quiet"]
-    p = subprocess.Popen([sys.executable, "mech.py", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE)
-    p.stdout.readline()  # `| head -1`
-    p.stdout.close()
-    err = p.stderr.read()
-    assert p.wait(timeout=300) == 0 and err == b"", err
-    with open(out / "metrics.json") as f:
-        assert "interventions" in json.load(f)
-
-
-def test_train_on_a_finished_folder_returns_it_as_saved(tmp_path, capsys):
-    out = tmp_path / "run"
-    assert run(small_args(out, "--interventions"), capsys)[0] == 0
-    before = (out / "metrics.json").read_bytes()
-    lines = []
-    _, metrics = mech.train(mech.Config(**SMALL), str(out), device="cpu", log=lines.append)
-    assert "interventions" in metrics and (out / "metrics.json").read_bytes() == before
-    assert any("already holds this run" in line for line in lines)
-
-
-def test_threads_above_the_cores_are_capped_in_one_line(tmp_path, capsys):
-    code, err = run(small_args(tmp_path / "run", "--threads", "100000000"), capsys)
-    assert code == 0
-    one_line(err, "--threads 100000000", f"using {os.cpu_count()}")
-    with open(tmp_path / "run" / "metrics.json") as f:
-        assert json.load(f)["threads"] == os.cpu_count()
-
-
-@pytest.mark.parametrize("make, needles", [
-    (lambda run: mech.build_model(mech.Config(arch="hyena", d_model=16, num_kv=64), 68),
-     ["model.pt", "not this run's model", "--force"]),
-])
-def test_another_architectures_weights_end_in_one_line(make, needles, tmp_path, capsys):
-    out = tmp_path / "run"
-    assert run(small_args(out), capsys)[0] == 0
-    torch.save(make(out).state_dict(), out / "model.pt")
-    code, err = run(["--load", str(out)], capsys)
+    fill, kept, step = FULL[where]
+    fill(monkeypatch)
+    code, _, err = cli(command(out), capsys)
     assert code == 1
-    one_line(err, *needles)
+    one_line(err, "No space left on device")
+    assert sorted(os.listdir(out)) == kept  # whole files only, nothing .tmp
+    if step is not None:
+        assert torch.load(out / "checkpoint.pt")["step"] == step
+    monkeypatch.undo()
+    code, stdout, err = cli(command(out), capsys)
+    assert code == 0, err
+    assert_same_run(out, reference)
 
 
-@pytest.mark.parametrize("name, content", [
-    ("metrics.json", "{}"), ("metrics.json", "[1, 2]"), ("metrics.json", '{"accuracy": 0.5}'),
-    ("checkpoint.pt", [1, 2]), ("checkpoint.pt", {"step": 3}),
-    ("model.pt", 5000), ("model.pt", 20000), ("checkpoint.pt", 5000)])
-def test_files_of_the_wrong_shape_or_cut_short_end_in_one_line(name, content, tmp_path, capsys):
-    out = tmp_path / "run"
-    args = small_args(out, "--interventions")
-    if name == "checkpoint.pt":  # a run stopped part-way, then its checkpoint damaged
-        mech.claim(str(out), mech.Config(**SMALL)).close()
-        model = mech.build_model(mech.Config(**SMALL), 68)
-        torch.save(dict(model=model.state_dict()), out / name)
-    else:  # a finished run whose analysis is still to come
-        assert run(small_args(out, "--no-interventions"), capsys)[0] == 0
-    path = out / name
-    if isinstance(content, int):
-        path.write_bytes(path.read_bytes()[:content])
-    elif name.endswith(".json"):
-        path.write_text(content)
-    else:
-        torch.save(content, path)
-    code, err = run(args, capsys)
-    assert code == 1
-    one_line(err, name, "--force")
+# ── finished is not retrained; --force; another configuration ─────────────────────────────────
 
-
-@pytest.mark.parametrize("args, needles", [
-    (["--lr", "-1e-3"], ["lr must be a finite number > 0", "-0.001"]),
-    (["--num-kv", "2", "--n-pairs", "1"], ["num_kv", "two keys"]),
-    (["--n-train", "-50"], ["n_train must be >= 1"]),
-    (["--fresh-data", "--epochs", "1", "--n-train", "16"], ["1 epoch", "16 documents", "no step"]),
-    (["--fresh-data", "--bucket", "4"], ["--bucket", "--fresh-data"]),
-    (["--arch", "based", "--long-conv", "--dconv", "2"], ["--dconv", "--long-conv"]),
-    (["--seed", "-1"], ["seed", "-1"]), (["--seed", "18446744073709551616"], ["seed"]),
-    (["--task", "atr", "--grammar-seed", "4294967296"], ["grammar_seed"]),
-])
-def test_bad_values_that_once_failed_deep_inside_are_refused_in_one_line(args, needles, tmp_path,
+def test_a_finished_run_prints_its_result_and_table_again_without_training(finished, monkeypatch,
                                                                           capsys):
-    code, err = run([*args, "--out", str(tmp_path / "x")], capsys)
-    assert code == 2
-    one_line(err, *needles)
+    before = files(finished)
+    model = (finished / "model.pt").stat().st_mtime_ns
+    no_training(monkeypatch)
+    monkeypatch.setattr(mech, "analyse", lambda *a: pytest.fail("analysed again"))
+    code, stdout, err = cli(command(finished), capsys)
+    assert code == 0 and err == "", err
+    metrics = json.loads(before["metrics.json"])
+    assert f"{finished} already holds this run" in stdout
+    assert f"test accuracy {metrics['accuracy']:.3f}" in stdout
+    assert mech.mechanism_report(metrics["interventions"]["rows"], 2) in stdout
+    assert files(finished) == before and (finished / "model.pt").stat().st_mtime_ns == model
 
 
-@pytest.mark.parametrize("fields, needle", [
-    (dict(n_layer=2.5), "n_layer must be int"), (dict(epochs=1.5), "epochs must be int"),
-    (dict(d_conv=2.0, arch="mamba"), "d_conv must be int"), (dict(seed=1.5), "seed must be int"),
-    (dict(seed=-1), "seed must be in"), (dict(num_kv=2), "num_kv must be"),
-    (dict(pos_emb="yes"), "pos_emb must be bool"), (dict(lr=True), "lr must be float")])
-def test_config_checks_its_own_fields(fields, needle):
-    with pytest.raises(ValueError, match=needle):
-        mech.Config(**fields)
+def test_another_configuration_is_refused_in_one_line_that_names_the_difference(finished,
+                                                                               capsys):
+    before = files(finished)
+    code, _, err = cli(command(finished, lr=3e-3), capsys)
+    assert code == 1
+    one_line(err, str(finished), "another run", "lr 0.001 (asked: 0.003)")
+    assert "steps" not in err and "--force" not in err
+    code, _, err = cli(command(finished, steps=50), capsys)
+    assert code == 1
+    one_line(err, "steps 40 (asked: 50)")
+    assert files(finished) == before
 
 
-@pytest.mark.parametrize("fields", [dict(warmup_frac=0.8),
-                                    dict(warmup_frac=0.9, decay_frac=0.1),
-                                    dict(schedule="cosine", warmup_frac=0.9)])
-def test_long_warmups_are_accepted(fields):
-    cfg = mech.Config(**fields)
-    assert mech.lr_at(cfg.total_steps - 1, cfg) >= 0
+def test_force_starts_over_and_deletes_only_the_run_files(finished, capsys):
+    (finished / "notes.txt").write_text("mine")
+    code, _, err = cli(command(finished, "--force", "--no-interventions", lr=3e-3), capsys)
+    assert code == 0, err
+    assert sorted(os.listdir(finished)) == ["config.json", "metrics.json", "model.pt", "notes.txt"]
+    assert json.loads((finished / "config.json").read_text())["lr"] == 3e-3
+    assert (finished / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("config", ['{"title": "my thesis"}', "[1, 2]", "not json"])
+def test_force_deletes_nothing_where_config_json_is_not_a_runs(config, tmp_path, capsys):
+    out = tmp_path / "theirs"
+    out.mkdir()
+    for name in mech.RUN_FILES:
+        (out / name).write_text("theirs")
+    (out / "config.json").write_text(config)
+    before = files(out)
+    code, _, err = cli(command(out, "--force"), capsys)
+    assert code == 1
+    one_line(err, "config.json")
+    assert "--force" not in err and files(out) == before
+
+
+# ── a damaged or foreign file gets one line that names it ────────────────────────────────────
+
+def another_architecture():
+    cfg = mech.Config(**{**TINY, "arch": "hyena"})
+    return mech.build_model(cfg, mech.make_task(cfg).vocab_size).state_dict()
+
+
+def checkpoint_of(**fields):
+    """A checkpoint of another run: the same shapes, another seed."""
+    cfg = mech.Config(**{**TINY, **fields})
+    model = mech.build_model(cfg, mech.make_task(cfg).vocab_size)
+    optimizer = torch.optim.AdamW(model.parameters())
+    return dict(model=model.state_dict(), optimizer=optimizer.state_dict(), step=14, curve=[],
+                loss_sum=0.0, elapsed=0.0, identity=mech.identity(cfg))
+
+
+WRITE = {  # how a file is damaged: (bytes) -> the damaged file
+    "truncated": lambda name, data: data[:len(data) // 2],
+    "garbage": lambda name, data: b"\x00\xff not a file of mech.py \x80" * 20,
+    "foreign": lambda name, data: {"config.json": b'{"title": "my thesis"}',
+                                   "metrics.json": b"[1, 2]"}.get(name),
+}
+FOREIGN_PT = {"model.pt": [another_architecture, lambda: [1, 2]],
+              "checkpoint.pt": [lambda: dict(checkpoint_of(arch="hyena")), lambda: [1, 2],
+                                lambda: {"step": 3}, lambda: checkpoint_of(seed=6)]}
+
+
+def damages():
+    for name in ("config.json", "metrics.json", "model.pt", "checkpoint.pt"):
+        for how in WRITE:
+            if how != "foreign" or name.endswith(".json"):
+                yield name, how, None
+        for i in range(len(FOREIGN_PT.get(name, ()))):
+            yield name, "foreign", i
+    yield "metrics.json", "foreign", "{}"  # a JSON object, not a run's metrics
+
+
+@pytest.mark.parametrize("name, how, which", list(damages()))
+def test_a_damaged_or_foreign_file_gets_one_line_that_names_it(name, how, which, finished,
+                                                              stopped, tmp_path, capsys):
+    out = finished if name != "checkpoint.pt" else shutil.copytree(stopped, tmp_path / "s")
+    path = out / name
+    if isinstance(which, int):
+        torch.save(FOREIGN_PT[name][which](), path)
+    elif isinstance(which, str):
+        path.write_text(which)
+    else:
+        path.write_bytes(WRITE[how](name, path.read_bytes()))
+    before = files(out)
+    code, _, err = cli(command(out), capsys)
+    assert code == 1
+    one_line(err, str(path), "cannot be used")
+    assert "--force" not in err and files(out) == before
+
+
+def test_an_out_that_is_a_file_ends_in_one_line(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    code, _, err = cli(command(tmp_path / "file"), capsys)
+    assert code == 1
+    one_line(err, "error:", "file")
+
+
+def test_divergence_ends_in_one_line(tmp_path, capsys):
+    code, _, err = cli(command(tmp_path / "run", lr=1.0), capsys)
+    assert code == 1
+    one_line(err, "training loss reached", "uniform guess", "lower --lr than 1")
+
+
+# ── output that a reader closes early ────────────────────────────────────────────────────────
+
+def test_output_into_a_closed_pipe_does_not_stop_the_run(reference, tmp_path, monkeypatch):
+    read, write = os.pipe()
+    os.close(read)  # `python mech.py ... | head -1`, once head has exited
+    with os.fdopen(write, "w") as pipe:
+        monkeypatch.setattr(sys, "stdout", pipe)
+        mech.main(command(tmp_path / "run"))
+        monkeypatch.undo()
+    assert_same_run(tmp_path / "run", reference)
