@@ -9,7 +9,7 @@ D[t, s] = e^{G_t - G_s} (s <= t, else 0), u = (I + tril(β D ⊙ K Kᵀ, -1))⁻
 Official implementation: fla-org/flash-linear-attention, fla/layers/gated_deltanet.py
 (GatedDeltaNet, its defaults: expand_v 2, use_gate, conv 4 without bias, q and k l2-normed in the
 kernel, A uniform in [0, 16], dt_bias as Mamba-2's); fla/ops/gated_delta_rule/gate.py (the gate).
-Differences: heads from --heads (1: d_k = d, not 0.75 d); one chunk solved exactly, no Triton;
+Differences: one head (mech.py's limit): d_k = d, not 0.75 d; one chunk solved exactly, no Triton;
 fp32; the three convs' outputs side by side are the site conv_output (before SiLU); d_conv 0: no
 convs, SiLU kept (as fla without its short conv)."""
 import math

@@ -8,11 +8,10 @@ In chunks of 16 steps: with Γ_t = Σ g_r since the chunk began, S the state bef
 a ⋆ b [t, s] = Σ_c a_t[c] b_s[c] e^{Γ_t[c] - Γ_s[c]} (s <= t), every exponent <= 0 (no overflow):
     u = (I + tril(β (k ⋆ k), -1))⁻¹ β (v - (k ⊙ e^Γ) S),     o = (q ⊙ e^Γ) S + tril(q ⋆ k) u,
     S <- e^{Γ_last} ⊙ S + (k ⊙ e^{Γ_last - Γ})ᵀ u
-Official implementation: fla-org/flash-linear-attention, fla/layers/kda.py (KimiDeltaAttention,
-its defaults: expand_v 1, conv 4 without bias, A uniform in [1, 16], dt_bias 0, q and k l2-normed
-in the kernel); fla/ops/kda/gate.py (naive_kda_gate); fla/ops/kda/naive.py (loop; chunked form).
-Differences: heads from --heads (1: d_k = d); chunks of 16, not 64; fp32, no Triton; the site
-conv_output: the three convs' outputs side by side, before SiLU; d_conv 0: no convs, SiLU kept."""
+Official implementation: fla-org/flash-linear-attention, fla/layers/kda.py (KimiDeltaAttention:
+expand_v 1, conv 4 without bias, A uniform in [1, 16], dt_bias 0, q, k l2-normed in the kernel),
+fla/ops/kda/gate.py, fla/ops/kda/naive.py. Differences: one head (mech.py's limit): d_k = d; chunks
+of 16, not 64; fp32, no Triton; conv_output: q, k, v's convs before SiLU; d_conv 0: no convs."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -21,18 +20,16 @@ import mech
 
 
 def kda_rule(q, k, v, beta, g, chunk: int = 16):
-    """q, k, g: (b, h, l, d_k), v: (b, h, l, d_v), beta: (b, h, l) -> o (b, h, l, d_v), unscaled.
-    Chunks keep the pairwise decays small, (chunk, chunk, d_k): l² d_k would dominate the step."""
+    """q, k, g: (b, h, l, d_k), v: (b, h, l, d_v), beta: (b, h, l) -> o (b, h, l, d_v), unscaled."""
     S, out = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1]), []  # (b, h, d_k, d_v)
     for i in range(0, q.shape[-2], chunk):
         q_, k_, v_, b_, g_ = (t[:, :, i:i + chunk] for t in (q, k, v, beta, g))
         G = g_.cumsum(-2)                                     # (b, h, c, d_k): log-decay so far
-        # e^{Γ_t - Γ_s} k_s for every pair (t, s); the clamp only touches s > t, dropped below
+        # e^{Γ_t - Γ_s} k_s per pair (t, s), c² d_k (why chunks); clamped only where s > t (dropped)
         decay_k = (G[..., :, None, :] - G[..., None, :, :]).clamp(max=0).exp() * k_[..., None, :, :]
         kk, qk = (decay_k @ torch.stack([k_, q_], dim=-1)).unbind(-1)     # (b, h, c, c) each
-        eye = torch.eye(q_.shape[-2], dtype=q.dtype, device=q.device)
-        u = torch.linalg.solve_triangular(eye + (b_[..., None] * kk).tril(-1),
-                                          b_[..., None] * (v_ - (k_ * G.exp()) @ S),
+        lower = torch.eye(kk.shape[-1]).to(kk) + (b_[..., None] * kk).tril(-1)  # I + tril(β k⋆k)
+        u = torch.linalg.solve_triangular(lower, b_[..., None] * (v_ - (k_ * G.exp()) @ S),
                                           upper=False, unitriangular=True)   # (b, h, c, d_v)
         out.append((q_ * G.exp()) @ S + qk.tril() @ u)
         S = G[..., -1, :, None].exp() * S + ((G[..., -1:, :] - G).exp() * k_).transpose(-1, -2) @ u
@@ -50,9 +47,8 @@ class KimiDeltaAttention(nn.Module):
         self.sites = {"conv_output": "conv_out"} if d_conv else {}
         self.f_proj = nn.Sequential(nn.Linear(d, dh, bias=False), nn.Linear(dh, d, bias=False))
         self.b_proj = nn.Linear(d, n_head, bias=False)
-        # the official init: A uniform in [1, 16] per head, dt_bias 0 per channel
-        self.A_log = nn.Parameter(torch.log(torch.empty(n_head).uniform_(1, 16)))
-        self.dt_bias = nn.Parameter(torch.zeros(d))
+        self.A_log = nn.Parameter(torch.log(torch.empty(n_head).uniform_(1, 16)))  # official init
+        self.dt_bias = nn.Parameter(torch.zeros(d))                                # a channel each
         self.g_proj = nn.Sequential(nn.Linear(d, dh, bias=False), nn.Linear(dh, d, bias=True))
         self.o_norm = nn.RMSNorm(dh, eps=1e-5)
         self.o_proj = nn.Linear(d, d, bias=False)

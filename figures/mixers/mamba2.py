@@ -10,8 +10,8 @@ computed in SSD's quadratic (attention-like) form, one chunk as long as the sequ
 Official implementation: state-spaces/mamba, mamba_ssm/modules/mamba2_simple.py (Mamba2Simple: its
 defaults but headdim 64, as mamba2.py's Mamba2; its init of A, dt_bias and D) and
 mamba_ssm/modules/ssd_minimal.py (the chunk's L = exp(segsum(a))). Differences: one chunk, no
-Triton; fp32; no conv parameters when d_conv = 0 (SiLU kept, as mech.Mamba); in mech.py's
-Transformer block (LayerNorm + MLP), the only block a registered mixer gets."""
+Triton; fp32; no conv parameters when d_conv = 0 (SiLU kept, as mech.Mamba); in Mamba's block
+(RMSNorm, no MLP) with mamba_ssm's init (mamba_block=True), as the paper's wrapper puts Mamba."""
 import math
 
 import torch
@@ -66,4 +66,5 @@ class Mamba2(nn.Module):
         return self.out_proj(self.norm(y.reshape(b, l, -1) * F.silu(z)))
 
 
-mech.register_mixer("mamba2", lambda cfg, layer: Mamba2(cfg.d_model, d_conv=cfg.d_conv), d_conv=4)
+mech.register_mixer("mamba2", lambda cfg, layer: Mamba2(cfg.d_model, d_conv=cfg.d_conv), d_conv=4,
+                    mamba_block=True)
