@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import mech
+from conftest import cli
 import scan_ext
 
 FIELDS = {f.name: f for f in dataclasses.fields(mech.Config)}
@@ -18,17 +19,6 @@ FIELDS = {f.name: f for f in dataclasses.fields(mech.Config)}
 def flag_of(f) -> str:
     """A Config field's flag: --d-model for d_model, --dconv for d_conv."""
     return f.metadata["flag"] or "--" + f.name.replace("_", "-")
-
-
-def cli(args, capsys) -> tuple:
-    """(exit code, stdout, stderr) of `python mech.py ARGS`, run in this process."""
-    try:
-        mech.main(args)
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture
@@ -140,8 +130,8 @@ def test_an_unavailable_cuda_device_is_refused_in_one_line(refused):
 
 
 def test_scan_ext_that_cannot_be_built_ends_in_one_line(refused, monkeypatch):
-    monkeypatch.setattr(scan_ext, "_module", RuntimeError("no C++ compiler: 'c++' is not on the "
-                                                          "PATH (set CXX or install g++)"))
+    monkeypatch.setattr(scan_ext, "_module", scan_ext.BuildError(
+        "no C++ compiler: 'c++' is not on the PATH (set CXX or install g++)"))
     refused(["--arch", "mamba", "--scan", "ext", "--d-model", "16", "--num-kv", "64"],
             "scan backend 'ext' is unavailable", "no C++ compiler", code=1)
 

@@ -9,6 +9,7 @@ import torch
 import torch.nn as nn
 
 import mech
+from conftest import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIXER_FILE = '''
@@ -59,17 +60,6 @@ def registry(monkeypatch):
     """Mixers registered in this test (by mech.register_mixer or a --mixer-file) leave with it."""
     for name in ("MIXERS", "DEFAULT_DCONV", "MIXER_CODE"):
         monkeypatch.setattr(mech, name, dict(getattr(mech, name)))
-
-
-def cli(args, capsys) -> tuple:
-    """(exit code, stdout, stderr) of `python mech.py ARGS`, run in this process."""
-    try:
-        mech.main(args)
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 RUN = [*TINY, "--no-interventions", "--no-dynamics"]

@@ -171,13 +171,19 @@ def test_the_cost_table_gives_the_protocol_times():
         assert f"{words}{minutes(min(walls))}–{minutes(max(walls))} min" in row, words
 
 
-def test_the_class_times_are_recounted():
+def class_command_times() -> dict:
+    """{claim: [whole-command seconds of seeds 42-44]} of the class preset's committed runs."""
     times = {}
     with open(os.path.join(RUNS, "class_preset", "command_times.tsv")) as f:
         for line in f:
             if not line.startswith("#"):
                 name, seconds = line.split()[:2]
                 times.setdefault(name.rsplit("_s", 1)[0], []).append(int(seconds))
+    return times
+
+
+def test_the_class_times_are_recounted():
+    times = class_command_times()
     medians = [sorted(s)[1] for s in times.values()]
     every = [s for ss in times.values() for s in ss]
     assert f"{minutes(min(medians))}–{minutes(max(medians))} min a run" in one_line(README)
@@ -383,12 +389,7 @@ def test_the_prose_of_the_paper_protocol_is_recounted():
 
 def test_the_class_preset_prose_is_recounted():
     text = section("## The class preset")
-    times = {}
-    with open(os.path.join(RUNS, "class_preset", "command_times.tsv")) as f:
-        for line in f:
-            if not line.startswith("#"):
-                name, seconds = line.split()[:2]
-                times.setdefault(name.rsplit("_s", 1)[0], []).append(int(seconds))
+    times = class_command_times()
     median = {k: minutes(sorted(v)[1]) for k, v in times.items()}
     d0 = times["ar_mamba_dconv0"]
     wanted = [f"(medians: attention {median['ar_attention']}, Based {median['ar_based']}, Mamba "

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import mech
+from conftest import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(arch="attention", d_model=16, num_kv=64, n_train=256, steps=40, eval_every=10,
@@ -27,17 +28,6 @@ def command(out, *extra, **fields) -> list:
     """The arguments of `python mech.py` for the TINY run (fields changed) in `out`."""
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in {**TINY, **fields}.items()]
     return [*flags, "--threads=1", "--no-dynamics", "--out", str(out), *extra]
-
-
-def cli(args, capsys) -> tuple:
-    """(exit code, stdout, stderr) of `python mech.py ARGS`, run in this process."""
-    try:
-        mech.main(args)
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def one_line(err, *needles):
