@@ -731,26 +731,63 @@ def test_the_paper_protocol_curves_are_recounted():
     in_text(text, wanted)
 
 
-def old_attention() -> list:
+def old_attention(group: str = "atr_easy_attention") -> list:
     """Attention's ATR easy runs under the old preset (1.5k warmup steps), deleted from the runs
     but kept in git history (commit dd393aa); skipped where no git history is at hand."""
+    return old_runs("dd393aa", "figures/runs/cpu_preset/" + group)
+
+
+def old_runs(commit: str, group: str) -> list:
+    """The metrics.json of seeds 42-44 of `group` (a path) at `commit` in git history."""
     import subprocess
     out = []
     for s in SEEDS:
-        p = subprocess.run(["git", "-C", ROOT, "show", f"dd393aa:figures/runs/cpu_preset/"
-                            f"atr_easy_attention_s{s}/metrics.json"],
+        p = subprocess.run(["git", "-C", ROOT, "show", f"{commit}:{group}_s{s}/metrics.json"],
                            capture_output=True, text=True)
         if p.returncode:
-            pytest.skip("no git history with commit dd393aa")
+            pytest.skip(f"no git history with commit {commit}")
         out.append(json.loads(p.stdout))
     return out
 
 
-def test_the_old_attention_preset_is_recounted_from_git_history():
+def old_cell(m: dict, site: str, layer: int, position: str) -> float:
+    return next(r["attrib"] for r in m["interventions"]["rows"] if r["corrupted"] == "key"
+                and (r["site"], r["layer"], r["position"]) == (site, layer, position))
+
+
+def test_the_all_documents_readings_are_recounted_from_git_history():
+    """"Positions that coincide": the readings over all documents, of the runs analysed before
+    mech.py averaged Value+1/+2 over distinct documents only; those runs were retrained and
+    replaced, their metrics.json kept in git history (5b1f755^, dd393aa^)."""
+    text = section("## Positions that coincide")
+    old = lambda g: old_runs("5b1f755^", "figures/runs/" + g)
+    cell = lambda ms_, site, layer, p: " / ".join(f"{old_cell(m, site, layer, p):.2f}"
+                                                 for m in ms_)
+    d3, based = old("atr_easy_mamba_dconv3"), old("atr_medium_based")
+    d4 = old_runs("dd393aa^", "figures/runs/atr_easy_mamba")
+    wanted = [f"({cell(d3, 'conv_output', 0, 'value+1')} over all documents)",
+              f"against {cell(based, 'block_input', 1, 'value+1')} over all;",
+              "accuracy 0.859 / 0.881 / 0.878 against "
+              + " / ".join(f"{m['accuracy']:.3f}" for m in d4) + ")",
+              f"({cell(d4, 'conv_output', 0, 'value+1')} over all)",
+              f"@Value+2, {cell(d4, 'block_input', 1, 'value+2')} over all documents"]
+    main = [old_cell(m, "block_input", 1, "value+1") for g in ("atr_easy_mamba_dconv1",
+            "atr_easy_mamba_dconv2", "atr_easy_mamba_dconv3") for m in old(g)]
+    main += [old_cell(m, "block_input", 1, "value+1") for m in d4]
+    wanted.append(f"(the d_conv 1–4 runs' {max(map(abs, main)):.2f} at most over all documents)")
+    in_text(text, wanted)
+
+
+def test_the_old_attention_preset_is_recounted_from_git_history(cpu):
     old = old_attention()
     accuracy = collect.mean_sd(m["accuracy"] for m in old)
     assert all(mech_effect(m) < 0.1 for m in old)  # "no seed past the filter"
     assert one_line(REPORT).count(f"{accuracy}") == 4, accuracy
+    nope = collect.mean_sd(m["accuracy"] for m in old_attention("atr_easy_attention_nope"))
+    assert f"NoPE had learned ATR easy better than PE ({nope.split()[0]} against " \
+           f"{accuracy.split()[0]})" in one_line(REPORT)
+    now = ms(cpu["atr_easy_attention_nope"]).split()[0]
+    assert f"(NoPE {nope.split()[0]} → {now})" in one_line(REPORT)
     text = one_line(REPORT)
     assert "0.650 without length buckets" in text  # runs/diagnostics' bucket0 run
     assert f"{old[0]['accuracy']:.3f} after 15k steps" in text
@@ -819,3 +856,28 @@ def test_the_class_preset_and_calibration_prose_is_recounted(cpu):
                    f"a lower peak rate instead (3e-4) "
                    f"{metrics('diagnostics', 'atr_easy_attention_lr0.0003_s42')['accuracy']:.3f}",
                    f"stays on the copy heuristic ({old[0]['accuracy']:.3f} after 15k steps"])
+
+
+def test_the_pe_gaps_and_the_atr_dynamics_are_recounted(cpu):
+    """D.1's "ATR, the others" (PE − NoPE), and Mamba without its conv forming on ATR easy."""
+    text = section("## The paper's other findings")
+    avg = lambda g: mean(r["accuracy"] for r in cpu[g])
+    gap = {(t, a): avg(f"atr_{t}_{a}_pe") - avg(f"atr_{t}_{a}") for t in ("easy", "medium")
+           for a in ("based", "base_conv", "hyena", "h3", "mamba", "delta_net")}
+    assert max(abs(g) for g in gap.values()) <= 0.04 + 5e-4  # "each is within 0.04"
+    f = lambda t, a: f"{gap[t, a]:+.3f}".replace("-", "−")
+    in_text(text, [f"(largest: BaseConv on medium {f('medium', 'base_conv')}, Based on easy "
+                   f"{f('easy', 'based')}, Hyena on medium {f('medium', 'hyena')};",
+                   f"Hyena on easy does not: {f('easy', 'hyena')} against"])
+    text = section("## The mechanism while it forms")
+    c = {s: curve("cpu_preset", f"atr_easy_mamba_dconv0_s{s}") for s in SEEDS}
+    at1k = [next(p for p in c[s] if p["step"] == 1000) for s in SEEDS]
+    assert all(p["attrib"]["effect"] < 0.1 for p in at1k)  # "still under the 0.1 filter there"
+    past = {s: next(p for p in c[s] if "attrib" in p and p["attrib"]["effect"] >= 0.1)
+            for s in SEEDS}
+    key = lambda p: p["attrib"]["main"]["key"]
+    in_text(text, [f"(accuracy {span([p['accuracy'] for p in at1k])} at step 1,000",
+                   f"sits at the Key, {span([key(p) for p in at1k])}, and still "
+                   f"{key(past[42]):.2f}–{key(past[44]):.2f} at the first evaluations past the "
+                   f"filter, steps {past[42]['step']:,}–{past[44]['step']:,} in seeds 42 and 44; "
+                   f"{key(past[43]):.2f} in seed 43, past it only at step {past[43]['step']:,})"])
