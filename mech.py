@@ -962,7 +962,7 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
           dynamics: bool = True) -> tuple:
     """Train one model -> (model, metrics). With `out`, the run lives in that folder: a
     stopped run resumes exactly, and a finished one is loaded, not trained again."""
-    # the task (section 1, or 7 for ATR), the model, its documents and its optimizer
+    # the task (section 1 or 7): a finished run is loaded; else documents, model, optimizer
     task = make_task(cfg)
     metrics = finished(out, cfg)
     if metrics is not None:
