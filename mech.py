@@ -1003,6 +1003,7 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
                 step, curve = state["step"], state["curve"]
                 elapsed = state["elapsed"]
                 loss_sum.fill_(state["loss_sum"])
+                torch.set_rng_state(state.get("rng", torch.get_rng_state()).cpu())  # dropout
             log(f"resuming {out} at step {step:,}")
     n_params = sum(p.numel() for p in model.parameters())
     log(f"{cfg.arch} on {cfg.task}: d={cfg.d_model}, {cfg.n_layer} layers, {n_params:,} "
@@ -1015,7 +1016,7 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
             save(checkpoint, dict(
                 model=model.state_dict(), optimizer=optimizer.state_dict(), step=step,
                 curve=curve, loss_sum=loss_sum.item(), elapsed=elapsed + time.time() - t0,
-                identity=identity(cfg)))
+                identity=identity(cfg), rng=torch.get_rng_state()))
 
     for step in range(start, cfg.total_steps):
         if STOP:  # Ctrl-C, SIGTERM or SIGHUP came during the last step: save it all, stop
@@ -1024,7 +1025,6 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
                 "the same command resumes it" if out else "nothing saved (no --out)"))
         # one optimisation step
         batch = batch_at(step)
-        torch.manual_seed(cfg.seed * 2 ** 32 + step)  # its random numbers (dropout) resume
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
         loss = F.cross_entropy(model(batch.ids, at=batch.pos["query"]), batch.answer)
