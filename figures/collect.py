@@ -75,6 +75,9 @@ def analysis(interventions: dict, n_layer: int) -> dict:
                 attrib_second=mech.main_setting(rows, n_layer, 1) if n_layer > 2 else None,
                 effect=mech.key_effect(rows),  # over all documents
                 conv={p: r["attrib"] for p, r in conv.items()},
+                # every layer's conv at Value+1 (today's mixers: the last layer's may carry it)
+                conv_value1=[key[c]["attrib"] if c in key else None
+                             for c in (("conv_output", l, "value+1") for l in range(n_layer))],
                 # how many documents each conv cell averages; None: an older analysis, over all
                 # of them, Value+1 included where it is the divider (38-48 % of ATR documents)
                 conv_docs={p: r.get("n") for p, r in conv.items()},
@@ -843,10 +846,60 @@ def hyena_table(runs_root: str, cpu: list) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ── beyond the paper: today's mixers (figures/mixers/), beside the CPU preset's Mamba ────────
+
+TODAY = ("mamba2", "gated_deltanet", "kda")  # figures/mixers/<name>.py, runs in runs/mixers
+
+
+def today_groups(runs_root: str, cpu: list) -> list:
+    """[(model, task, d_conv, runs)]: per task (AR, ATR easy) the CPU preset's Mamba and each of
+    today's mixers (its runs under runs_root/mixers), with its short conv (the widest run) and
+    without (d_conv 0); the groups with no run are left out."""
+    today = collect(os.path.join(runs_root, "mixers"), lambda m: None)
+    groups = []
+    for task in ("ar", "atr easy"):
+        for arch in ("mamba",) + TODAY:
+            runs = [r for r in (cpu if arch == "mamba" else today) if r["arch"] == arch
+                    and task_label(r) == task and r["n_layer"] == 2 and main_variant(r)
+                    and not r["long_conv"]]
+            widths = {r["d_conv"] for r in runs}
+            for k in sorted({max(widths, default=0), 0} & widths, reverse=True):
+                groups.append((arch, task, k, [r for r in runs if r["d_conv"] == k]))
+    return groups
+
+
+def conv_cell(r: dict) -> str:
+    """A run's conv_output @Value+1, layer by layer ("-": no conv)."""
+    cells = [v for v in r.get("conv_value1", []) if v is not None]
+    return " / ".join(f"{v:.2f}" for v in cells) or "-"
+
+
+def today_table(runs_root: str, cpu: list) -> str:
+    """The report's table of today's mixers beside Mamba: per model, task and conv width the
+    seeds' accuracy, Key effect, Key / Value / Query (means past the filter), each seed's conv
+    at Value+1 in every layer, and each seed's verdict (mech.py's words)."""
+    lines = ["| model | task | d_conv | seeds | accuracy | Key effect | Attrib K / V / Q "
+             "| conv @Value+1, layer 0 / 1 (each seed) | verdicts |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for arch, task, k, runs in today_groups(runs_root, cpu):
+        runs = sorted(runs, key=lambda r: r["seed"])
+        means = passing_means(runs)
+        attribs = "-" if all(np.isnan(list(means.values()))) else attribs_text(means)
+        words = [in_words(r) for r in runs]
+        verdicts = ", ".join(f"{w} ×{words.count(w)}" for w in dict.fromkeys(words))
+        effects = [f"{r['effect']:.3f}" for r in runs]
+        lines.append(f"| {arch} | {task} | {k} | {', '.join(str(r['seed']) for r in runs)} "
+                     f"| {mean_sd(r['accuracy'] for r in runs)} "
+                     f"| {', '.join(effects)} | {attribs} "
+                     f"| {'; '.join(map(conv_cell, runs))} | {verdicts} |")
+    return "\n".join(lines) + "\n"
+
+
 def generated_tables(runs_root: str, cpu: list) -> dict:
     """{title: markdown} of the report's generated tables, in numbers.md's order."""
     return {"Every run of the paper's protocol": protocol_table(runs_root),
-            "C3 for Hyena where the paper's Hyena learns AR": hyena_table(runs_root, cpu)}
+            "C3 for Hyena where the paper's Hyena learns AR": hyena_table(runs_root, cpu),
+            "Beyond the paper: today's mixers": today_table(runs_root, cpu)}
 
 
 def numbers_md(items: list, tables: dict) -> str:

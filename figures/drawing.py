@@ -24,9 +24,9 @@ from figures.collect import (CONV, MIN_EFFECT, all_documents, archs_of, atr_mode
                              atr_query, best_runs, config_key, configuration, conv_variant,
                              final_position, followed, main_ar, main_atr, main_question,
                              main_variant, moments_of, of_arch, one_protocol, one_width,
-                             pe_variant, reacts, watched_runs)
+                             pe_variant, reacts, task_label, TODAY, watched_runs)
 from figures.paper import PAPER  # noqa: E402
-from figures.sweeps import LR5, LR7, WIDTHS  # noqa: E402
+from figures.sweeps import ARCHS, LR5, LR7, WIDTHS  # noqa: E402
 
 SPLIT = 0.5   # runs further apart than this have no summary mark: they split, none stands for all
 SLOTS = 0.84  # the share of a column taken by its slots, one per series
@@ -55,6 +55,7 @@ class Series:
     value: Callable                     # a run's record -> the number drawn
     keep: Callable = lambda r: True     # the runs of a column that it draws
     faded: Callable = lambda r: False   # runs drawn grey (each figure says why)
+    empty: str = "not run"  # what a slot says where its column has runs but none of its own
 
 
 @dataclasses.dataclass
@@ -107,8 +108,8 @@ def strip_panel(ax, columns: list, series: list) -> None:
             runs = [r for r in col.runs if s.keep(r)]
             if runs:
                 seed_markers(ax, x, runs, s, width)
-            elif col.runs:  # the column has runs, this series none
-                empty_label(ax, x, "not run")
+            elif col.runs and s.empty:  # the column has runs, this series none
+                empty_label(ax, x, s.empty)
             if j < len(col.paper) and col.paper[j] is not None:
                 ax.scatter([x + PAPER_AT * width], [col.paper[j]], marker="x", color="k", s=30,
                            linewidths=1.5, zorder=4)
@@ -1009,6 +1010,74 @@ def mixed_note(runs: list) -> str:
                                                              ("key", "value", "query"))
                      + f", followed at @{final_position(r).capitalize()})"
                      for r in runs if reacts(r) and mech.dominant(r["attrib"]) is None)
+
+
+# ── beyond the paper: today's mixers beside the paper's seven ────────────────────────────────
+
+def conv_series(layer: int, color: str, marker: str) -> Series:
+    """Today's mixers' short conv at Value+1, in one layer (collect.conv_value1)."""
+    def value(r):
+        return r.get("conv_value1", [None] * 2)[layer]
+    return Series(f"conv_output[{layer}] @Value+1", color, marker, value,
+                  keep=lambda r: value(r) is not None, empty="")
+
+
+def today_mixers(cpu: list, groups: list, out_dir: str) -> list:
+    """Today's mixers (collect.today_groups: Mamba-2, Gated DeltaNet, KDA, with their short conv
+    and without) beside the paper's seven (the CPU preset's main runs at d = 64) on AR and ATR
+    easy: accuracy, and the Attribs at Key, Query and Value with each layer's conv at Value+1."""
+    if not any(arch != "mamba" for arch, *_ in groups):
+        return []
+    cpu = [r for r in cpu if r["d_model"] == 64]
+    mechanism = position_series("attrib") + [conv_series(0, "C4", "D"), conv_series(1, "C5", "v")]
+    fig, axes = plt.subplots(4, 1, figsize=(14, 11), sharex=True)
+    panels = []  # (task, accuracy columns, mechanism columns)
+    for task, ax, bx in zip(("ar", "atr easy"), axes[::2], axes[1::2]):
+        main = [r for r in (main_ar(cpu) if task == "ar" else main_atr(cpu)[0])
+                if task_label(r) == task and not pe_variant(r)]
+        accuracy, attribs = [], []
+        for arch in [a for a in ARCHS if a != "mamba"] + ["mamba", *TODAY]:
+            for k in (None, 0) if arch == "mamba" or arch in TODAY else (None,):
+                runs = of_arch(main, arch) if arch in ARCHS and k is None else next(
+                    (rs for a, t, d, rs in groups if (a, t, d == 0) == (arch, task, k == 0)), [])
+                acc, where = ((None,), ()) if arch in TODAY else (
+                    mamba_paper(task[:3], mech.DEFAULT_DCONV["mamba"] if k is None else k, runs)
+                    if arch == "mamba" else seven_paper(task[:3], arch, runs))
+                label = (arch.replace("_", "_\n") if arch in TODAY else arch) + (
+                    "\nd_conv 0" if k == 0 else "")
+                accuracy.append(Column(label, runs, acc))
+                attribs.append(mechanism_column(label, runs, where))
+        strip_panel(ax, accuracy, [ACCURACY])
+        strip_panel(bx, attribs, mechanism)
+        ax.set(ylabel="test accuracy", ylim=ACCURACY_YLIM)
+        ax.set_title(f"{'AR' if task == 'ar' else setting_title('easy')}: accuracy", fontsize=9)
+        bx.set_title("mechanism: Attrib per position (Key corrupted)", fontsize=9)
+        panels.append((task, accuracy, attribs))
+    attrib_axes(axes[1::2], [(attribs, mechanism) for _, _, attribs in panels],
+                "Attrib (last layer's input;\nconv: its output)")
+    for ax in axes:
+        ax.axvline(len(ARCHS) - 1.5, color="grey", lw=0.8)  # the paper's six | Mamba and today's
+    legend(axes[0], [ACCURACY], BEST_LABEL)
+    legend(axes[1], mechanism, MEDIAN_LABEL)
+    fig.suptitle("Today's mixers beside the paper's seven: accuracy, and where the answer is "
+                 "computed (right of the line: Mamba and today's mixers, with and without their "
+                 "short conv)")
+    runs = [r for _, accuracy, _ in panels for c in accuracy for r in c.runs]
+    return save(fig, out_dir, "today_mixers.png", [
+        MARKS, filter_note(runs), scale_note(runs),
+        "conv_output[l] @Value+1: patching layer l's short conv output at the token after the "
+        "Value, over the documents where that token is not the divider; Mamba's and Mamba-2's "
+        "conv sit in Mamba's block, Gated DeltaNet's and KDA's in a Transformer block. "
+        "x: the paper's numbers for its seven (ar_32.pdf, ar_32_diff, atr.pdf, atr_box.pdf; Mamba "
+        "d_conv 0: mamba_ar_32.pdf); today's mixers have none."])
+
+
+def seven_paper(task: str, arch: str, runs: list) -> tuple:
+    """The paper's accuracy (as a column's paper tuple) and Attribs of one of its seven on AR or
+    ATR easy (its main results)."""
+    key = arch if task == "ar" else ("easy", arch)
+    return (paper_accuracy(PAPER[f"{task}_accuracy"].get(key), runs),
+            by_position(PAPER[f"{task}_mechanism"].get(key)))
 
 
 FIGURES = (ar_accuracy, ar_mechanism, mamba_dconv, mamba_conv_restored, based_conv, ar_layers,

@@ -35,9 +35,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the reposi
 sys.path.insert(0, ROOT)
 import mech  # noqa: E402
 from figures.collect import (collect, dynamics_table, generated_tables,  # noqa: E402
-                             hyena_groups, numbers_md, report_numbers, summary_table)
+                             hyena_groups, numbers_md, report_numbers, summary_table,
+                             today_groups)
 from figures import plots  # noqa: E402
-from figures.drawing import hyena_widths, plot_figures  # noqa: E402
+from figures.drawing import hyena_widths, plot_figures, today_mixers  # noqa: E402
 from figures.sweeps import (SWEEPS, Stopped, run_command, run_config, run_sweep,  # noqa: E402
                             sweep_overrides, sweep_runs)
 
@@ -66,7 +67,8 @@ def build_parser() -> mech.Parser:
     p.add_argument("--numbers", metavar="DIR", help="recount the report's numbers and verdicts "
                    "from DIR/cpu_preset and DIR/paper_protocol into DIR/numbers.md (the committed "
                    "ones: --numbers figures/runs); with --figures-dir, also draw there the figure "
-                   "that sets the two protocols side by side (hyena_widths.png)")
+                   "that sets the two protocols side by side (hyena_widths.png) and that of "
+                   "today's mixers in DIR/mixers (today_mixers.png)")
     p.add_argument("--figures-dir", help="where the figures go (default: DIR/figures of the "
                    "collected DIR; the committed ones: figures)")
     return p
@@ -129,8 +131,8 @@ def collect_and_draw(root: str, figures_dir: str, parser: mech.Parser) -> list:
 
 def write_numbers(root: str, parser: mech.Parser, figures_dir: str | None = None) -> None:
     """--numbers DIR: recount the report's numbers from DIR/cpu_preset and DIR/paper_protocol into
-    DIR/numbers.md (also printed), and with figures_dir draw hyena_widths.png there; a DIR without
-    both, or without runs, is refused in one line."""
+    DIR/numbers.md (also printed), and with figures_dir draw hyena_widths.png and
+    today_mixers.png there; a DIR without both, or without runs, is refused in one line."""
     for sub in ("cpu_preset", "paper_protocol"):
         if not os.path.isdir(os.path.join(root, sub)):
             parser.error(f"--numbers {root}: no folder {os.path.join(root, sub)} (the committed "
@@ -141,9 +143,10 @@ def write_numbers(root: str, parser: mech.Parser, figures_dir: str | None = None
     try:
         text = numbers_md(report_numbers(root, cpu), generated_tables(root, cpu))
         plots.write_file(os.path.join(root, "numbers.md"), text)
-        if figures_dir:  # the figure of both protocols: C3's Hyena at the paper's widths
+        if figures_dir:  # C3's Hyena at the paper's widths (both protocols); today's mixers
             os.makedirs(figures_dir, exist_ok=True)
             hyena_widths(hyena_groups(root, cpu), figures_dir)
+            today_mixers(cpu, today_groups(root, cpu), figures_dir)
     except (KeyError, ValueError, IndexError, ZeroDivisionError) as e:  # runs the report lacks
         parser.exit(1, f"{parser.prog}: error: --numbers {root}: the runs there are not the "
                     f"report's ({type(e).__name__}: {e})\n")

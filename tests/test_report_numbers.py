@@ -879,3 +879,29 @@ def test_the_pe_gaps_and_the_atr_dynamics_are_recounted(cpu):
                    f"{key(past[42]):.2f}–{key(past[44]):.2f} at the first evaluations past the "
                    f"filter, steps {past[42]['step']:,}–{past[44]['step']:,} in seeds 42 and 44; "
                    f"{key(past[43]):.2f} in seed 43, past it only at step {past[43]['step']:,})"])
+
+
+def test_todays_mixers_table_reads_each_layers_conv(records):
+    """The conv column of "Beyond the paper": every layer's conv_output @Value+1, read here from
+    each run's own intervention rows (Key corrupted)."""
+    groups = collect.today_groups(RUNS, records)
+    assert {arch for arch, *_ in groups} > {"mamba"}
+    for arch, _, _, runs in groups:
+        for r in runs:
+            folder = os.path.join(RUNS, "cpu_preset" if arch == "mamba" else "mixers", r["folder"])
+            with open(os.path.join(folder, "metrics.json")) as f:
+                rows = json.load(f)["interventions"]["rows"]
+            cells = {x["layer"]: x["attrib"] for x in rows if x["corrupted"] == "key"
+                     and (x["site"], x["position"]) == ("conv_output", "value+1")}
+            assert r["conv_value1"] == [cells.get(layer) for layer in range(r["n_layer"])]
+
+
+def test_todays_mixers_are_drawn_beside_the_seven(records, tmp_path):
+    from figures import drawing
+    groups = collect.today_groups(RUNS, records)
+    path = str(tmp_path / "today_mixers.png")
+    assert drawing.today_mixers(records, groups, str(tmp_path)) == [path]
+    os.remove(path)
+    mamba_alone = [g for g in groups if g[0] == "mamba"]
+    assert drawing.today_mixers(records, mamba_alone, str(tmp_path)) == []
+    assert not os.path.exists(path)
