@@ -78,6 +78,9 @@ def analysis(interventions: dict, n_layer: int) -> dict:
                 # every layer's conv at Value+1 (today's mixers: the last layer's may carry it)
                 conv_value1=[key[c]["attrib"] if c in key else None
                              for c in (("conv_output", l, "value+1") for l in range(n_layer))],
+                # and the conv cell that restores most: [layer, position, Attrib] (None: no conv)
+                conv_top=max(([layer, p, r["attrib"]] for (site, layer, p), r in key.items()
+                              if site == "conv_output"), key=lambda c: c[2], default=None),
                 # how many documents each conv cell averages; None: an older analysis, over all
                 # of them, Value+1 included where it is the divider (38-48 % of ATR documents)
                 conv_docs={p: r.get("n") for p, r in conv.items()},
@@ -874,13 +877,22 @@ def conv_cell(r: dict) -> str:
     return " / ".join(f"{v:.2f}" for v in cells) or "-"
 
 
+def conv_top_cell(r: dict) -> str:
+    """The conv cell of a run that restores most, e.g. "[1] @Value+2 0.97" ("-": no conv)."""
+    if r.get("conv_top") is None:
+        return "-"
+    layer, position, attrib = r["conv_top"]
+    return f"[{layer}] @{position.capitalize()} {attrib:.2f}"
+
+
 def today_table(runs_root: str, cpu: list) -> str:
     """The report's table of today's mixers beside Mamba: per model, task and conv width the
     seeds' accuracy, Key effect, Key / Value / Query (means past the filter), each seed's conv
-    at Value+1 in every layer, and each seed's verdict (mech.py's words)."""
+    at Value+1 in every layer and its conv cell that restores most, and each seed's verdict
+    (mech.py's words)."""
     lines = ["| model | task | d_conv | seeds | accuracy | Key effect | Attrib K / V / Q "
-             "| conv @Value+1, layer 0 / 1 (each seed) | verdicts |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| conv @Value+1, layer 0 / 1 (each seed) | the conv's largest cell (each seed) "
+             "| verdicts |", "|---|---|---|---|---|---|---|---|---|---|"]
     for arch, task, k, runs in today_groups(runs_root, cpu):
         runs = sorted(runs, key=lambda r: r["seed"])
         means = passing_means(runs)
@@ -891,7 +903,8 @@ def today_table(runs_root: str, cpu: list) -> str:
         lines.append(f"| {arch} | {task} | {k} | {', '.join(str(r['seed']) for r in runs)} "
                      f"| {mean_sd(r['accuracy'] for r in runs)} "
                      f"| {', '.join(effects)} | {attribs} "
-                     f"| {'; '.join(map(conv_cell, runs))} | {verdicts} |")
+                     f"| {'; '.join(map(conv_cell, runs))} "
+                     f"| {'; '.join(map(conv_top_cell, runs))} | {verdicts} |")
     return "\n".join(lines) + "\n"
 
 
