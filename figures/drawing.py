@@ -1036,17 +1036,9 @@ def today_mixers(cpu: list, groups: list, out_dir: str) -> list:
         main = [r for r in (main_ar(cpu) if task == "ar" else main_atr(cpu)[0])
                 if task_label(r) == task and not pe_variant(r)]
         accuracy, attribs = [], []
-        for arch in [a for a in ARCHS if a != "mamba"] + ["mamba", *TODAY]:
-            for k in (None, 0) if arch == "mamba" or arch in TODAY else (None,):
-                runs = of_arch(main, arch) if arch in ARCHS and k is None else next(
-                    (rs for a, t, d, rs in groups if (a, t, d == 0) == (arch, task, k == 0)), [])
-                acc, where = ((None,), ()) if arch in TODAY else (
-                    mamba_paper(task[:3], mech.DEFAULT_DCONV["mamba"] if k is None else k, runs)
-                    if arch == "mamba" else seven_paper(task[:3], arch, runs))
-                label = (arch.replace("_", "_\n") if arch in TODAY else arch) + (
-                    "\nd_conv 0" if k == 0 else "")
-                accuracy.append(Column(label, runs, acc))
-                attribs.append(mechanism_column(label, runs, where))
+        for label, runs, acc, where in today_columns(task, main, groups):
+            accuracy.append(Column(label, runs, acc))
+            attribs.append(mechanism_column(label, runs, where))
         strip_panel(ax, accuracy, [ACCURACY])
         strip_panel(bx, attribs, mechanism)
         ax.set(ylabel="test accuracy", ylim=ACCURACY_YLIM)
@@ -1070,6 +1062,25 @@ def today_mixers(cpu: list, groups: list, out_dir: str) -> list:
         "conv sit in Mamba's block, Gated DeltaNet's and KDA's in a Transformer block. "
         "x: the paper's numbers for its seven (ar_32.pdf, ar_32_diff, atr.pdf, atr_box.pdf; Mamba "
         "d_conv 0: mamba_ar_32.pdf); today's mixers have none."])
+
+
+def today_columns(task: str, main: list, groups: list) -> list:
+    """[(label, runs, the paper's accuracy, its Attribs)], the columns of today_mixers on task:
+    the paper's seven but Mamba (main: their runs), then Mamba and each of today's mixers with
+    its short conv and without (groups: collect.today_groups)."""
+    columns = [(a, of_arch(main, a), *seven_paper(task[:3], a, of_arch(main, a)))
+               for a in ARCHS if a != "mamba"]
+    for arch in ("mamba",) + TODAY:
+        for conv in (True, False):
+            runs = next((rs for a, t, k, rs in groups if (a, t, k > 0) == (arch, task, conv)), [])
+            label = arch.replace("_", "_\n") if arch in TODAY else arch
+            label += "" if conv else "\nd_conv 0"
+            if arch == "mamba":
+                k = mech.DEFAULT_DCONV["mamba"] if conv else 0
+                columns.append((label, runs, *mamba_paper(task[:3], k, runs)))
+            else:  # the paper has no number for today's mixers
+                columns.append((label, runs, (None,), ()))
+    return columns
 
 
 def seven_paper(task: str, arch: str, runs: list) -> tuple:
