@@ -960,3 +960,45 @@ def test_the_pe_mechanisms_are_recounted(cpu):
                f"Key (" + " / ".join(f"{key43['attrib'][p]:.2f}" for p in ("key", "value", "query"))
                + ")"]
     in_text(text, wanted)
+
+
+def test_the_pe_tables_are_recounted(cpu, items):
+    """D.1's three tables, row by row: the accuracies with and without PE, the paper's, the gaps
+    of numbers.md and the Attribs over the seeds past the filter (how many in brackets)."""
+    names = {"attention": "Attention", "based": "Based", "mamba": "Mamba", "hyena": "Hyena",
+             "base_conv": "BaseConv", "h3": "H3", "delta_net": "DeltaNet"}
+    gap = {name: (ours, paper) for name, ours, paper, _ in items if name.endswith("PE - NoPE")}
+
+    def attribs(rs):
+        past = f"({sum(map(collect.reacts, rs))}/{len(rs)})"
+        return (collect.attribs_text(collect.passing_means(rs)) if any(map(collect.reacts, rs))
+                else "none") + f" {past}"
+    for where, group in (("AR", "ar"), ("ATR easy", "atr_easy"), ("ATR medium", "atr_medium")):
+        table = REPORT.split(f"\n| {where} | with PE |")[1].split("\n\n")[0]
+        table = table.replace("-0.00", "0.00")
+        assert table.count("\n| ") == len(names)  # a row a model, no other
+        for a, name in names.items():
+            pe, nope = ((cpu[f"{group}_attention"], cpu[f"{group}_attention_nope"])
+                        if a == "attention" else (cpu[f"{group}_{a}_pe"], cpu[f"{group}_{a}"]))
+            paper = [collect.PAPER["pos_embed"].get((group.split("_")[-1], a, v)) for v in
+                     ("PE", "NoPE")]
+            paper = (" / ".join(f"{p[collect.WIDTHS.index(64)]:.3f}" for p in paper)
+                     if None not in paper else "— / —")
+            ours, theirs = gap[f"D.1 {where} {a} PE - NoPE"]
+            row = (f"| {name} | {ms(pe)} | {ms(nope)} | {paper} | {ours}"
+                   + (f" ({theirs})" if theirs != "-" else "")
+                   + f" | {attribs(pe)} | {attribs(nope)} |").replace("-0.00", "0.00")
+            assert row in table, (where, row)
+
+
+def test_the_induction_models_table_is_the_runs():
+    """"An induction model's table (C2)": what mech.py prints for the default attention run."""
+    import mech
+    m = metrics("cpu_preset", "ar_attention_s42")
+    text = section("## An induction model's table")
+    assert mech.mechanism_report(m["interventions"]["rows"], 2) in REPORT
+    cell = {(r["site"], r["layer"], r["position"]): r["attrib"]
+            for r in m["interventions"]["rows"] if r["corrupted"] == "key"}
+    in_text(text, [f"seed 42, test accuracy {m['accuracy']:.3f}",
+                   f"`mixer_output[0]` @value {cell['mixer_output', 0, 'value']:.3f}",
+                   f"(`mixer_output[1]` @query {cell['mixer_output', 1, 'query']:.3f})"])
