@@ -47,17 +47,34 @@ def test_the_report_quotes_every_accuracy_and_attrib_it_recounts(items):
     assert not missing, missing
 
 
-def test_the_formation_table_is_recounted(items):
-    steps = {}  # (model, which) -> [step per seed], in seed order
-    for name, ours, _, _ in items:
-        if name.startswith("formation "):
-            model = name[len("formation "):].split(" seed ")[0]
-            for which, step in zip(("mechanism", "accuracy"), ours.split(" / ")):
-                steps.setdefault((model, which), []).append(
-                    step if step == "never" else f"{int(step):,}")
-    assert len(steps) == 8
-    for (model, which), values in steps.items():
-        assert ", ".join(values) in REPORT, (model, which, values)
+def test_the_formation_table_is_recounted(records):
+    """The formation table, row by row: the final position (and the seeds that end mixed), the
+    steps each seed's mechanism forms at (Mamba's conv too) and its accuracy rises at, and which
+    comes first, by how much (collect.moments_of, the rule of summary.md's second table)."""
+    drawn = collect.one_width(collect.one_protocol(records, lambda m: None), lambda m: None)
+    table = REPORT.split("| model | mechanism forms at")[1].split("\n\n")[0].splitlines()[2:]
+    panels = collect.watched_runs(drawn)
+    assert len(table) == len(panels) and "(seeds 42, 43, 44)" in REPORT
+    for row, (title, rs) in zip(table, panels):
+        steps = lambda name, which: ", ".join(
+            f"{m:,}" if (m := collect.moments_of(r, name)[which]) else "never" for r in rs)
+        assert [r["seed"] for r in rs] == list(SEEDS), title  # the header's order
+        name = collect.final_position(rs[0])
+        assert {collect.final_position(r) for r in rs} == {name}
+        mixed = [r["seed"] for r in rs if collect.in_words(r) == "mixed"]
+        model = row.split(" | ")[0]
+        assert f": @{name.capitalize()} (" in model, row
+        assert (f"seed {mixed[0]} ends mixed" in model) if mixed else "mixed" not in model, row
+        formed = steps(name, "mechanism")
+        if collect.CONV in collect.followed(rs[0]):
+            formed += f" (conv: {steps(collect.CONV, 'mechanism')})"
+        moments = [collect.moments_of(r, name) for r in rs]
+        ahead = [m["accuracy"] - m["mechanism"] for m in moments]
+        first = "mechanism" if min(ahead) > 0 else "accuracy"
+        assert min(ahead) > 0 or max(ahead) < 0  # the same comes first in every seed
+        by = ("500 steps (one evaluation) in each" if set(ahead) == {500} else
+              ", ".join(f"{abs(d):,}" for d in ahead) + " steps")
+        assert f" | {formed} | {steps(name, 'accuracy')} | the {first}, by {by}" in row, row
 
 
 def test_the_cost_table_is_recounted(items):
@@ -1002,3 +1019,71 @@ def test_the_induction_models_table_is_the_runs():
     in_text(text, [f"seed 42, test accuracy {m['accuracy']:.3f}",
                    f"`mixer_output[0]` @value {cell['mixer_output', 0, 'value']:.3f}",
                    f"(`mixer_output[1]` @query {cell['mixer_output', 1, 'query']:.3f})"])
+
+
+def settled(points: list, value, lo: float, hi: float):
+    """The first evaluation from which value(point) lies in [lo, hi) at every later one."""
+    step = None
+    for p in reversed(points):
+        if not lo <= value(p) < hi:
+            return step
+        step = p["step"]
+    return step
+
+
+def test_the_dynamics_prose_is_recounted():
+    """"The mechanism while it forms": the attention run's progress lines and the bullets on
+    Attention, Based and Mamba (d_conv 4) on AR, from the curves in metrics.json."""
+    import mech
+    from figures import plots
+    text = section("## The mechanism while it forms")
+    m = metrics("cpu_preset", "ar_attention_s42")
+    lines = [mech.progress(p, m["steps"], m["steps_per_s"], collect.MIN_EFFECT["ar"])
+             for p in m["curve"] if p["step"] in range(14000, 17000, 500)]
+    last = mech.progress(m["curve"][-1], m["steps"], m["steps_per_s"], collect.MIN_EFFECT["ar"])
+    assert "\n".join(lines + ["...", last]) in REPORT
+    watched = lambda folder: [p for p in curve("cpu_preset", folder) if "attrib" in p]
+    value = lambda p: p["attrib"]["main"]["value"]
+    # Attention: the step induction forms (plots.moments, the formation table's rule)
+    steps = {s: plots.moments(watched(f"ar_attention_s{s}"), "value", 0.01) for s in SEEDS}
+    formed = next(p for p in watched("ar_attention_s42") if p["step"] == steps[42]["mechanism"])
+    ahead = {steps[s]["accuracy"] - steps[s]["mechanism"] for s in SEEDS}
+    assert (min(ahead), max(ahead)) == (1000, 2000)  # "one to two thousand steps before"
+    wanted = [f"Induction forms at step {formed['step']:,}, where accuracy is still "
+              f"{formed['accuracy']:.2f}: the Value already holds the whole association (@Value "
+              f"{value(formed):.2f}, then ≈ 1), and accuracy reaches half its final value "
+              f"{steps[42]['accuracy'] - formed['step']:,} steps later"]
+    # Based: from when its Value's Attrib stays at 1.0-1.4 (one decimal), and before and after
+    based = {s: watched(f"ar_based_s{s}") for s in SEEDS}
+    start = {s: settled(based[s], value, 0.95, 1.45) for s in SEEDS}
+    past = lambda p: p["attrib"]["effect"] >= collect.MIN_EFFECT["ar"]
+    under = [value(p) for s in SEEDS for p in based[s] if p["step"] >= start[s] and not past(p)]
+    after = [value(p) for s in SEEDS for p in based[s] if past(p)]
+    before = [p for s in SEEDS for p in based[s] if p["step"] < start[s]]
+    assert max(abs(p["attrib"]["effect"]) for p in before) < 0.0005  # "the effect is 0.000"
+    scatter = [x for p in before for x in p["attrib"]["main"].values()]
+    wanted.append(f"from step {min(start.values()):,}–{max(start.values()):,} on (from then on "
+                  f"its Attrib is {span(under, '.1f')} at every evaluation while the effect is "
+                  f"still below the filter, {span(after)} after; before that the effect is 0.000 "
+                  f"and the Attribs, ratios of two near-zeros, scatter from {min(scatter):.1f} to "
+                  f"{max(scatter):.1f})")
+    # Mamba (d_conv 4): the Query and the conv at Value+1 ≈ 1 (0.95-1.05) from then on
+    mamba = {s: watched(f"ar_mamba_s{s}") for s in SEEDS}
+    query = lambda p: p["attrib"]["main"]["query"]
+    conv = lambda p: p["attrib"]["cells"][collect.CONV]
+    both = {s: max(settled(mamba[s], query, 0.95, 1.05), settled(mamba[s], conv, 0.95, 1.05))
+            for s in (42, 43)}
+    filt = {s: next(p["step"] for p in mamba[s] if past(p)) for s in SEEDS}
+    assert filt[42] == filt[43] and settled(mamba[44], conv, 0.95, 1.05) is None
+    s44 = metrics("cpu_preset", "ar_mamba_s44")
+    end = next(r["attrib"] for r in s44["interventions"]["rows"] if r["corrupted"] == "key"
+               and (r["site"], r["layer"], r["position"]) == ("conv_output", 0, "value+1"))
+    wanted.append(f"(0.95–1.05 at every later evaluation) from step {both[42]:,} in seed 42 and "
+                  f"{both[43]:,} in seed 43, still under the filter (passed at step "
+                  f"{filt[42]:,}), long before the slow rise of accuracy. Seed 44's Query is ≈ 1 "
+                  f"from step {settled(mamba[44], query, 0.95, 1.05):,} (the filter passed at "
+                  f"{filt[44]:,}); its conv carries {end:.2f} of the association at the end and "
+                  f"never reaches 0.5 once the Key matters "
+                  f"({max(conv(p) for p in mamba[44] if past(p)):.2f} at most from step "
+                  f"{filt[44]:,})")
+    in_text(text, wanted)
