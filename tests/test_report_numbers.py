@@ -481,6 +481,12 @@ def curve(preset: str, folder: str) -> list:
     return metrics(preset, folder)["curve"]
 
 
+def up(x: float, places: int = 2) -> str:
+    """A bound as the report writes it ("within 0.04"): x rounded up to `places` decimals."""
+    import math
+    return f"{math.ceil(round(x * 10 ** places, 9)) / 10 ** places:.{places}f}"
+
+
 def in_text(text: str, wanted: list):
     plain = lambda t: t.replace("−", "-")
     missing = [w for w in wanted if plain(w) not in plain(text)]
@@ -915,7 +921,6 @@ def test_the_pe_gaps_and_the_atr_dynamics_are_recounted(cpu):
 def test_the_pe_mechanisms_are_recounted(cpu):
     """D.1's "ATR, the others": each model's accuracy with PE against the paper's, and where each
     PE run reads the association, seed by seed, beside its NoPE runs."""
-    import math
     text = section("## The paper's other findings")
     pe = lambda t, a: cpu[f"atr_{t}_{a}_pe"]
     value = lambda r: r["attrib"]["value"]
@@ -924,9 +929,8 @@ def test_the_pe_mechanisms_are_recounted(cpu):
                  - mean(r["accuracy"] for r in pe(t, a)) for a in
                  ("based", "base_conv", "hyena", "h3", "mamba")
                  if collect.PAPER["pos_embed"][t, a, "PE"]] for t in ("easy", "medium")}
-    near = math.ceil(max(map(abs, short["medium"])) * 100) / 100  # "within": rounded up
     wanted = [f"With PE every one is {span(short['easy'])} below the paper's easy number and "
-              f"within {near:.2f} of its medium number"]
+              f"within {up(max(map(abs, short['medium'])))} of its medium number"]
     # BaseConv and Based at the Value; Based on medium after it (Value+1) or split
     based = pe("medium", "based")
     after = [r for r in based if r["attrib"]["value+1"] > 0.8]
@@ -1087,3 +1091,233 @@ def test_the_dynamics_prose_is_recounted():
                   f"({max(conv(p) for p in mamba[44] if past(p)):.2f} at most from step "
                   f"{filt[44]:,})")
     in_text(text, wanted)
+
+
+def claim_row(claim: str) -> str:
+    return next(line for line in REPORT.splitlines() if line.startswith(f"| {claim}:"))
+
+
+def protocol_records() -> dict:
+    return {os.path.basename(r["folder"]): r for r in collect.collect(
+        os.path.join(RUNS, "paper_protocol"), log=lambda *a: None)}
+
+
+def test_the_claims_table_on_ar_is_recounted(cpu):
+    """The claims table, C1-C5: the numbers beside the recounted items (ranges over the seeds,
+    the Attribs behind "in every seed", the paper's protocol runs, Mamba's conv)."""
+    acc = lambda g: [r["accuracy"] for r in cpu[g]]
+    attrib = lambda g, p: [r["attrib"][p] for r in cpu[g]]
+    pp = protocol_records()
+    # C1: each model's range over the seeds; Mamba under the paper's protocol at its best rate
+    at = lambda s: pp[f"ar_mamba_lr0.01_s{s}"]["accuracy"]
+    wanted = {"C1": [f"{a} {ms(cpu[g])} ({span(acc(g), '.3f')})" for a, g in
+                     (("Attention", "ar_attention"), ("Based", "ar_based"), ("Mamba", "ar_mamba"))]
+              + [f"reaches {at(44):.3f} with seed 44 and {at(42):.3f} / {at(43):.3f} with seeds "
+                 "42 / 43"]}
+    # C2: the Key and the Query next to 0 (the bound rounded up) in every seed of both
+    off = max(abs(x) for g in ("ar_attention", "ar_based") for p in ("key", "query")
+              for x in attrib(g, p))
+    wanted["C2"] = [f"@Key and @Query within {up(off, 3)} of 0 in every seed"]
+    # C3: at the Query in every seed, with two layers and with one (its mixer's output)
+    ones = lambda xs: {f"{x:.2f}" for x in xs} == {"1.00"}
+    assert ones(attrib("ar_mamba", "query")) and ones(attrib("ar_delta_net", "query"))
+    assert all(ones(r["query_by_layer"][0] for r in cpu[f"ar_{a}_layers1"])
+               for a in ("mamba", "delta_net"))
+    assert {f"{abs(x):.2f}" for p in ("key", "value") for x in attrib("ar_mamba", p)} == {"0.00"}
+    hyena = [r for g in ("ar_hyena_layers1", "ar_hyena", "ar_hyena_layers3") for r in cpu[g]]
+    assert not any(map(collect.reacts, hyena))  # "no seed passes the 0.01 filter"
+    one = [f"atr_easy_{a}_layers1" for a in ("h3", "hyena", "mamba", "delta_net")]
+    assert all(ones(attrib(g, "query")) for g in one)
+    d256 = [pp[f"ar_hyena_d256_lr0.003_s{s}"]["effect"] for s in (42, 43)]
+    accuracy = span([x for g in one for x in acc(g)])
+    wanted["C3"] = [f"@Query 1.00 in every seed (accuracy {accuracy})",
+                    f"with Key effects of {d256[0]:.3f} and {d256[1]:.3f}, past our verdict's"]
+    # C4: each conv width's range; d_conv 2's one seed past the filter; 3 and 4 short of the paper
+    past = [r for r in cpu["ar_mamba_dconv2"] if collect.reacts(r)]
+    short = [collect.PAPER["ar_mamba_dconv"][k][collect.WIDTHS.index(64)]
+             - mean(acc(g)) for k, g in ((3, "ar_mamba_dconv3"), (4, "ar_mamba"))]
+    dconv = lambda k: f"ar_mamba_dconv{k}"
+    wanted["C4"] = [f"{k}: {ms(cpu[dconv(k)])} ({span(acc(dconv(k)), '.3f')}" for k in range(4)]
+    wanted["C4"] += [f"the one seed past the filter @Query {past[0]['attrib']['query']:.2f})",
+                     f"@Query {mean(attrib('ar_mamba_dconv3', 'query')):.2f})",
+                     f"{short[0]:.2f} and {short[1]:.2f} short"]
+    # C5: the conv at Value+1 in the CPU runs and in the paper's protocol's (but 3e-2, unlearned)
+    conv = lambda r: r["conv"]["value+1"]
+    runs = cpu["ar_mamba"] + [r for f, r in sorted(pp.items()) if f.startswith("ar_mamba_")
+                              and r["lr"] < 0.03]
+    carries = [r for r in runs if conv(r) >= 0.9]
+    rest = sorted(conv(r) for r in runs if r not in carries)
+    s44 = pp["ar_mamba_lr0.01_s44"]
+    assert len(runs) == 8 and [r["seed"] for r in carries] == [42, 43, 42, 42]
+    assert all(f"{abs(r['conv']['value']):.3f}" == "0.000" for r in cpu["ar_mamba"])
+    wanted["C5"] = ["conv_output[0] @Value+1: " + each(cpu["ar_mamba"], conv),
+                    f"over the {span([r['conv_docs']['value+1'] for r in cpu['ar_mamba']], 'd')} "
+                    "of 320 documents",
+                    f"The paper's protocol (below): {conv(pp['ar_mamba_lr0.01_s42']):.2f} (seed "
+                    f"42, lr 1e-2) but {abs(conv(s44)):.2f} with seed 44, whose last layer reads "
+                    f"the Key itself (@Key {s44['attrib']['key']:.2f})",
+                    f"in {len(carries)} of {len(runs)} Mamba AR runs",
+                    f"elsewhere {span(rest[2:])} (two runs), {rest[1]:.2f} (CPU seed 44) or "
+                    f"{abs(rest[0]):.2f} (paper protocol seed 44"]
+    for claim, strings in wanted.items():
+        in_text(claim_row(claim), strings)
+
+
+def test_the_claims_table_on_atr_is_recounted(cpu, items):
+    """The claims table, C6-C8, and "More of C6": ranges, single seeds, the Attribs that the
+    items do not give, and how far each setting lies from the paper's."""
+    acc = lambda g: [r["accuracy"] for r in cpu[g]]
+    means = lambda g: collect.passing_means(cpu[g])
+    q = lambda g, p: f"@{p.capitalize()} {means(g)[p]:.2f}"
+    pp = protocol_records()
+    paper = lambda s, a: collect.PAPER["atr_accuracy"][s, a][collect.WIDTHS.index(64)]
+    easy = ("attention", "based", "mamba", "h3", "hyena", "base_conv")
+    below = [paper("easy", a) - mean(acc(f"atr_easy_{a}")) for a in easy]
+    top = sorted(easy + ("delta_net",), key=lambda a: -mean(acc(f"atr_easy_{a}")))[:3]
+    assert sorted(top) == ["attention", "delta_net", "mamba"]  # "Mamba, DeltaNet and Attention"
+    h3 = acc("atr_8192_h3")
+    attention = [pp[f"atr_easy_attention_lr0.001_s{s}"]["attrib"]["value"] for s in SEEDS]
+    wanted = {"C6": [f"DeltaNet {ms(cpu['atr_easy_delta_net'])}, "
+                     f"{q('atr_easy_delta_net', 'query')}",
+                     f"Attention {ms(cpu['atr_easy_attention'])} "
+                     f"({span(acc('atr_easy_attention'), '.3f')}), "
+                     f"{q('atr_easy_attention', 'value')}, induction in every seed",
+                     "the seeds split, @Key " + each(cpu["atr_medium_hyena"],
+                                                     lambda r: r["attrib"]["key"], ".2f"),
+                     f"BaseConv on Σ8192: Key / Value {means('atr_8192_base_conv')['key']:.2f} / "
+                     f"{means('atr_8192_base_conv')['value']:.2f} against",
+                     f"({span(below)} below the paper's after 15 % of its steps;",
+                     f"seeds 43 and 44, {h3[1]:.3f} and {h3[2]:.3f}, lie below the "
+                     f"{collect.PAPER['atr_copy_next_token']['8192']:.2f} baseline",
+                     f"@Value {span(attention)} in each"]}
+    # C7: Mamba without its conv, seed by seed, against the conv widths; the paper's protocol
+    d0 = cpu["atr_easy_mamba_dconv0"]
+    at3 = [pp[f"atr_easy_mamba_dconv0_lr0.003_s{s}"] for s in SEEDS]
+    v3 = mean(r["attrib"]["value"] for r in at3)
+    wanted["C7"] = [f"d_conv 0: accuracy {ms(d0)} ({span(acc('atr_easy_mamba_dconv0'), '.3f')}); "
+                    f"@Value {each(d0, lambda r: r['attrib']['value'], '.2f')} (seeds 42, 43, 44; "
+                    f"mean {means('atr_easy_mamba_dconv0')['value']:.2f}), "
+                    f"{q('atr_easy_mamba_dconv0', 'key')}, {q('atr_easy_mamba_dconv0', 'query')} "
+                    "(means); d_conv 4: @Value "
+                    + span([r["attrib"]["value"] for r in cpu["atr_easy_mamba"]]),
+                    "d_conv 1 " + ", ".join(
+                        f"{k} {means(g)['value']:.2f}" for k, g in
+                        ((1, "atr_easy_mamba_dconv1"), (2, "atr_easy_mamba_dconv2"),
+                         (3, "atr_easy_mamba_dconv3"), (4, "atr_easy_mamba")))[2:],
+                    f"({means('atr_easy_mamba_dconv0')['value']:.2f} against "
+                    f"{means('atr_easy_mamba')['value']:.2f} with it;",
+                    f"@Value {v3:.2f} over 3 seeds ("
+                    + each(at3, lambda r: r["attrib"]["value"], ".2f", " / ")
+                    + f", accuracy {collect.mean_sd(r['accuracy'] for r in at3)}): still "
+                    f"{1 - v3:.2f} short",
+                    "reaches @Value "
+                    f"{pp['atr_easy_mamba_dconv0_lr0.01_s42']['attrib']['value']:.2f}; it is one "
+                    "seed"]
+    # C8: the accuracies (means) beside each model's Attrib
+    m = lambda g: f"{mean(acc(g)):.3f}"
+    wanted["C8"] = [f"ATR easy: DeltaNet {m('atr_easy_delta_net')} "
+                    f"{q('atr_easy_delta_net', 'query')} vs Mamba {m('atr_easy_mamba')} "
+                    f"{q('atr_easy_mamba', 'key')} / {q('atr_easy_mamba', 'query')} vs Based "
+                    f"{m('atr_easy_based')} {q('atr_easy_based', 'value')}; AR: DeltaNet "
+                    f"{m('ar_delta_net')} {q('ar_delta_net', 'query')} vs Attention "
+                    f"{m('ar_attention')} {q('ar_attention', 'value')}"]
+    for claim, strings in wanted.items():
+        in_text(claim_row(claim), strings)
+    # More of C6: Σ8192 and medium
+    text = one_line(REPORT[REPORT.index("More of C6, per setting"):
+                           REPORT.index("- **Attention without its position embedding**")])
+    medium = [abs(mean(acc(f"atr_medium_{a}")) - paper("medium", a))
+              for a in ("mamba", "based", "base_conv", "hyena")]
+    in_text(text, [f"Based {ms(cpu['atr_8192_based'])} {q('atr_8192_based', 'value')} (",
+                   f"Mamba {ms(cpu['atr_8192_mamba'])} {q('atr_8192_mamba', 'key')} (",
+                   f"DeltaNet {ms(cpu['atr_8192_delta_net'])} {q('atr_8192_delta_net', 'query')};",
+                   f"Attention {ms(cpu['atr_8192_attention'])} "
+                   f"{q('atr_8192_attention', 'value')} / {q('atr_8192_attention', 'key')} (",
+                   f"DeltaNet {ms(cpu['atr_medium_delta_net'])}, "
+                   f"{q('atr_medium_delta_net', 'query')}; H3 {ms(cpu['atr_medium_h3'])}, "
+                   + collect.attribs_text(means("atr_medium_h3")) + ";",
+                   f"each within {up(max(medium))} of the paper's number); Attention "
+                   f"(PE) {paper('medium', 'attention') - mean(acc('atr_medium_attention')):.2f} "
+                   "below the paper's"])
+
+
+def test_the_c6_settings_are_recounted(cpu, items):
+    """Below the claims table: "More of C6" (Σ8192, medium, Attention without PE) and the C6
+    item table, row by row as numbers.md gives the items."""
+    item = {name: (ours, paper, verdict) for name, ours, paper, verdict in items}
+    c6 = lambda s, a, what="": item[f"C6 ATR {s} {a}{what}"]
+    at = lambda s, a, p: c6(s, a, " Attribs")[1].split(" / ")[("key", "value", "query").index(p)]
+    means = lambda g: collect.passing_means(cpu[g])
+    q = lambda g, p: f"@{p.capitalize()} {means(g)[p]:.2f}"
+    paper = lambda s, archs: ", ".join(f"{n} {c6(s, a)[1]}" for n, a in archs)
+    based = old_runs("5b1f755^", "figures/runs/atr_medium_based")  # before distinct documents
+    gap = lambda s: item[f"D.1 ATR {s} attention PE - NoPE"]
+    short = {s: float(c6(s, "attention NoPE")[1]) - mean(r["accuracy"] for r in
+                                                         cpu[f"atr_{s}_attention_nope"])
+             for s in ("easy", "medium")}
+    warmup = lambda g: cpu[g][0]["warmup_frac"] * cpu[g][0]["steps"] / 1000
+    text = one_line(REPORT[REPORT.index("More of C6, per setting"):
+                           REPORT.index("\n| setting | model | accuracy (paper at d = 64)")])
+    in_text(text, [
+        # Σ8192
+        "(paper: " + paper("8192", (("Attention", "attention"), ("Mamba", "mamba"),
+                                    ("Based", "based"), ("H3", "h3"), ("Hyena", "hyena"),
+                                    ("BaseConv", "base_conv"))) + "):",
+        f"Based {c6('8192', 'based')[0]} {q('atr_8192_based', 'value')} "
+        f"({at('8192', 'based', 'value')}); Mamba {c6('8192', 'mamba')[0]} "
+        f"{q('atr_8192_mamba', 'key')} ({at('8192', 'mamba', 'key')});",
+        f"Attention {c6('8192', 'attention')[0]} {q('atr_8192_attention', 'value')} / "
+        f"{q('atr_8192_attention', 'key')} (@Value {at('8192', 'attention', 'value')}); Hyena "
+        f"{c6('8192', 'hyena')[0]}; BaseConv {c6('8192', 'base_conv')[0]}, Key/Value "
+        f"{means('atr_8192_base_conv')['key']:.2f} / {means('atr_8192_base_conv')['value']:.2f} "
+        f"({at('8192', 'base_conv', 'key')} / {at('8192', 'base_conv', 'value')}); H3 "
+        f"{c6('8192', 'h3')[0]} (",
+        # medium
+        "(L10; paper: " + paper("medium", (("Mamba", "mamba"), ("Attention", "attention"),
+                                          ("Based", "based"), ("BaseConv", "base_conv"),
+                                          ("Hyena", "hyena"))) + "):",
+        f"Mamba {c6('medium', 'mamba')[0]}, Key/Value/Query {c6('medium', 'mamba', ' Attribs')[0]}"
+        f" ({c6('medium', 'mamba', ' Attribs')[1]});",
+        f"(" + each(cpu["atr_medium_based"], lambda r: r["attrib"]["value"], ".2f")
+        + f"; paper {at('medium', 'based', 'value')});",
+        "(" + " / ".join(f"{old_cell(m, 'block_input', 1, 'value+1'):.2f}" for m in based)
+        + " over all);",
+        f"Hyena {c6('medium', 'hyena')[0]}, {c6('medium', 'hyena', ' Attribs')[0]} "
+        f"({c6('medium', 'hyena', ' Attribs')[1]}); BaseConv {c6('medium', 'base_conv')[0]}, "
+        f"{q('atr_medium_base_conv', 'value')} ({at('medium', 'base_conv', 'value')});",
+        f"paper {c6('medium', 'attention')[1]}), @Value",
+        f"(seed 42 not past the {collect.MIN_EFFECT['atr']} filter)",
+        # Attention without its position embedding
+        f"Attention's ATR preset, {warmup('atr_easy_attention_nope'):.1f}k warmup steps): "
+        f"{c6('easy', 'attention NoPE')[0]} on ATR easy (paper NoPE "
+        f"{c6('easy', 'attention NoPE')[1]}), below the PE model's {c6('easy', 'attention')[0]} "
+        f"as in the paper (PE {c6('easy', 'attention')[1]});",
+        f"(the paper's PE Attention @Value "
+        f"{collect.PAPER['atr_mechanism']['easy', 'attention']['value']:.3f})",
+        f"the gap within {collect.ACC_SIZE} of the paper's on easy and medium ({gap('easy')[0]} "
+        f"against {gap('easy')[1]}; {gap('medium')[0]} against {gap('medium')[1]})",
+        f"{short['easy']:.2f} below the paper's on easy ({c6('easy', 'attention NoPE')[0]} against "
+        f"{c6('easy', 'attention NoPE')[1]}) and {short['medium']:.2f} on medium "
+        f"({c6('medium', 'attention NoPE')[0]} against {c6('medium', 'attention NoPE')[1]})",
+        f"Under the old {warmup('atr_easy_mamba'):.1f}k-step warmup"])
+    # the item table: each row, and the seeds past the filter where not all 3 are
+    rows = []
+    for s in ("easy", "medium", "8192"):
+        for a in ("attention", "attention NoPE", "base_conv", "based", "h3", "hyena", "mamba"):
+            if f"C6 ATR {s} {a}" not in item:
+                continue
+            ours, theirs, verdict = c6(s, a)
+            attribs = (f"{c6(s, a, ' Attribs')[0]} ({c6(s, a, ' Attribs')[1]}) | "
+                       f"{c6(s, a, ' Attribs')[2]}" if f"C6 ATR {s} {a} Attribs" in item else
+                       "— (no paper median, or no seed past the filter) | —")
+            rows.append(f"| {s} | {a} | {ours} ({theirs}) | {verdict} | {attribs} |")
+    table = REPORT.split("\n| setting | model | accuracy (paper at d = 64)")[1]
+    assert "\n".join(rows) == table.split("\n\n")[0].split("\n", 2)[2]
+    past = {(s, a): sum(map(collect.reacts, cpu[f"atr_{s}_{a}"])) for s in ("easy", "medium",
+            "8192") for a in ("attention", "base_conv", "based", "h3", "hyena", "mamba")}
+    fewer = {k: n for k, n in past.items() if n < 3}
+    assert fewer == {("medium", "attention"): 2, ("8192", "h3"): 1, ("8192", "hyena"): 2}
+    assert [r["seed"] for r in cpu["atr_8192_h3"] if collect.reacts(r)] == [42]
+    in_text(one_line(REPORT), [f"the seeds past the {collect.MIN_EFFECT['atr']} filter: all 3 but "
+                               "Attention (PE) on medium, 2, H3 on Σ8192, 1 (seed 42), Hyena on "
+                               "Σ8192, 2;"])
