@@ -1406,3 +1406,42 @@ def test_the_c6_settings_are_recounted(cpu, items):
     in_text(one_line(REPORT), [f"the seeds past the {collect.MIN_EFFECT['atr']} filter: all 3 but "
                                "Attention (PE) on medium, 2, H3 on Σ8192, 1 (seed 42), Hyena on "
                                "Σ8192, 2;"])
+
+
+def test_the_one_layer_and_sibling_tables_are_recounted(cpu):
+    """App. D.2's and D.4's tables, row by row, from the runs and the paper's numbers."""
+    acc = lambda g: [r["accuracy"] for r in cpu[g]]
+    at64 = lambda values: values[collect.WIDTHS.index(64)] if values else None
+    paper = lambda x: "—" if x is None else f"{x:.3f}"
+    # D.2: one layer on ATR easy, beside the 2-layer runs
+    table = REPORT.split("\n| model, 1 layer | accuracy |")[1].split("\n\n")[0]
+    rows = table.splitlines()[2:]
+    for row, a in zip(rows, ("mamba", "delta_net", "h3", "hyena", "attention", "base_conv")):
+        rs = cpu[f"atr_easy_{a}_layers1"]
+        effects = [r["effect"] for r in rs]
+        past = [r for r in rs if collect.reacts(r)]
+        if past == rs and {f"{r['attrib']['query']:.2f}" for r in rs} == {"1.00"}:
+            attrib = "@Query 1.00 in every seed"
+        elif not any(effects):
+            attrib = "none: the Key does not matter"
+        else:
+            assert not past
+            attrib = f"none past the {collect.MIN_EFFECT['atr']} filter"
+        assert row == (f"| {NAMES[a]} | {ms(rs)} ({span(acc(f'atr_easy_{a}_layers1'), '.3f')}) | "
+                       f"{paper(at64(collect.PAPER['atr_layers'].get(a)))} | "
+                       f"{mean(acc(f'atr_easy_{a}')):.3f} | "
+                       f"{span(effects) if any(effects) else '0.000'} | {attrib} |"), row
+    assert len(rows) == 6
+    # D.4: the sibling task at 1, 2 and 3 layers (Based has no 1-layer model)
+    table = REPORT.split("\n| model | 1 layer | 2 layers | 3 layers |")[1].split("\n\n")[0]
+    rows = table.splitlines()[2:]
+    names = ("mamba", "h3", "delta_net", "hyena", "attention", "based", "base_conv")
+    for row, a in zip(rows, names):
+        cells = []
+        for n in (1, 2, 3):
+            theirs = paper(at64(collect.PAPER["atr_sibling"].get((a, n))))
+            g = f"atr_easy_sibling_{a}_layers{n}"
+            cells.append(f"{ms(cpu[g])} ({theirs})" if g in cpu else
+                         f"— (its one layer would be BaseConv's; {theirs})")
+        assert row == f"| {NAMES[a]} | " + " | ".join(cells) + " |", row
+    assert len(rows) == len(names)
