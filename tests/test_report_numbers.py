@@ -1670,3 +1670,21 @@ def test_todays_mixers_are_drawn_beside_the_seven(records, tmp_path):
     mamba_alone = [g for g in groups if g[0] == "mamba"]
     assert drawing.today_mixers(records, mamba_alone, str(tmp_path)) == []
     assert not os.path.exists(path)
+
+
+def test_todays_mixers_prose_quotes_its_table(records):
+    """Every number in a mixer's words below the table of "Beyond the paper" is a whole number of
+    that mixer's rows or Mamba's."""
+    section = REPORT.split("## Beyond the paper: today's mixers\n", 1)[1]
+    words = section.split("\n\n")[-1]  # the list of mixers, the last paragraph
+    table = collect.today_table(RUNS, records)
+    assert table in section
+    names = {"Mamba-2": "mamba2", "Gated DeltaNet": "gated_deltanet", "KDA": "kda"}
+    bullets = ("\n" + words).split("\n- ")[1:]
+    assert len(bullets) == len(names)
+    for bullet in bullets:
+        arch = next(a for name, a in names.items() if bullet.startswith(f"**{name} "))
+        rows = [row for row in table.splitlines() if row.startswith((f"| {arch} |", "| mamba |"))]
+        cells = set(re.findall(r"-?\d\.\d+", " ".join(rows)))
+        quoted = re.findall(r"\d\.\d+", bullet)
+        assert quoted and not [n for n in quoted if n not in cells], (arch, quoted)
