@@ -567,6 +567,52 @@ def test_the_header_prose_is_recounted(cpu):
     in_text(text, wanted)
 
 
+SEVEN = ("cpu_preset", "paper_protocol", "class_preset", "diagnostics")  # the paper's models
+
+
+def mixed_at(r: dict, dominant: float, monkeypatch) -> bool:
+    """Whether mech.verdict calls a run mixed with VERDICT_DOMINANT = dominant (its layer: the
+    first whose input no longer holds the Key, as mech.verdict picks it)."""
+    from figures.collect import mech
+    monkeypatch.setattr(mech, "VERDICT_DOMINANT", dominant)
+    second = r["attrib_second"]
+    return mech.dominant(second if second and second["key"] < dominant else r["attrib"]) is None
+
+
+def test_the_verdict_thresholds_are_recounted(records, monkeypatch):
+    """The Notes: what VERDICT_MIN_EFFECT 0.1 and VERDICT_DOMINANT 0.6 change, over today's runs
+    of the seven models."""
+    rs = list(records) + list(protocol_runs().values()) + [
+        r for p in SEVEN[2:] for r in collect.collect(os.path.join(RUNS, p), log=lambda *a: None)]
+    rs = [r for r in rs if "effect" in r]
+    ar = [r for r in rs if r["task"] == "ar"]
+    low = [r for r in ar if r["effect"] < 0.01]
+    high = [r for r in ar if r["effect"] >= 0.1]
+    between = [r for r in ar if 0.01 <= r["effect"] < 0.1]
+    hyena = [r["effect"] for r in between if r["arch"] == "hyena" and r["d_model"] > 64]
+    mamba = [r["effect"] for r in between if r["arch"] == "mamba" and r["d_conv"] == 2]
+    assert len(hyena) + len(mamba) == len(between) and len(mamba) == 1
+    past = [r for r in rs if r["effect"] >= 0.1]
+    mixed = {d: sum(mixed_at(r, d, monkeypatch) for r in past) for d in (0.55, 0.6, 0.7)}
+    in_text(one_line(REPORT), [
+        f"recounted over today's {len(rs)} runs of the seven models",
+        f"changes {len(between)} of {len(ar)} AR runs ({len(low)} lie below 0.01, {len(high)} at "
+        f"0.1 or above; between them a Mamba d_conv 2 seed at {mamba[0]:.3f} and {len(hyena)} "
+        f"Hyena runs at d = 128 and 256, {span(hyena, '.3f')}), and of {len(past)} runs past 0.1, "
+        f"{mixed[0.6]} are mixed at 0.6 ({mixed[0.55]} at 0.55, {mixed[0.7]} at 0.7)"])
+
+
+def test_the_retrained_runs_earlier_accuracies_are_recounted_from_git_history(cpu):
+    """The Notes: Mamba on AR and on ATR without its conv, retrained (5b1f755), beside the
+    accuracies of the runs they replaced (kept in git history, 5b1f755^)."""
+    old = lambda g: old_runs("5b1f755^", "figures/runs/" + g)
+    ar, d0 = old("ar_mamba"), old("atr_easy_mamba_dconv0")
+    in_text(one_line(REPORT), [
+        f"came out elsewhere ({each(cpu['ar_mamba'])} against {each(ar)}), as did ATR d_conv 0 "
+        f"seeds 43 and 44 ({each(cpu['atr_easy_mamba_dconv0'][1:], sep=' and ')} against "
+        f"{each(d0[1:], sep=' and ')})"])
+
+
 def test_the_coinciding_positions_on_atr_are_recounted(cpu):
     """"Positions that coincide": the ATR runs retrained for today's distinct-document reading."""
     text = section("## Positions that coincide")
