@@ -1692,6 +1692,72 @@ def test_the_three_scales_table_is_recounted(cpu, items):
         f"{mean(r['accuracy'] for r in at3) - run(d0('0.01'))['accuracy']:.3f} below 3e-3's mean"])
 
 
+def peak(r: dict) -> float:
+    """A run's highest accuracy along its curve (the every-run table's "max")."""
+    return max(p["accuracy"] for p in curve("paper_protocol", r["folder"]))
+
+
+def test_the_three_scales_c6_sizes_row_is_recounted(cpu):
+    """"The paper's own protocol": the three-scales table's row for the sizes of C6 (BaseConv on
+    Σ8192 at five rates and three seeds, Hyena on ATR medium at two rates and three seeds)."""
+    pp = protocol_runs()
+    row = next(l for l in REPORT.splitlines() if l.startswith("| C6 sizes: "))
+    two = lambda r, ps: " / ".join(f"{r['attrib'][p]:.2f}" for p in ps)
+    kv, kvq = ("key", "value"), ("key", "value", "query")
+    bc = {lr: pp[f"atr_8192_base_conv_lr{lr}_s42"] for lr in ("0.0001", "0.0003", "0.001",
+                                                                "0.003", "3e-05")}
+    bc3 = [pp[f"atr_8192_base_conv_lr0.0001_s{s}"] for s in SEEDS]
+    hy = {lr: pp[f"atr_medium_hyena_lr{lr}_s42"] for lr in ("0.001", "0.003")}
+    hy3 = [pp[f"atr_medium_hyena_lr0.003_s{s}"] for s in SEEDS]
+    m = lambda rs, p: mean(r["attrib"][p] for r in rs)
+    cpu_hy, cpu_bc = (collect.passing_means(cpu[g]) for g in ("atr_medium_hyena",
+                                                               "atr_8192_base_conv"))
+    paper_bc = collect.PAPER["atr_mechanism"]["8192", "base_conv"]
+    paper_hy = collect.PAPER["atr_mechanism"]["medium", "hyena"]
+    paper_acc = lambda k: collect.PAPER["atr_accuracy"][k][collect.WIDTHS.index(64)]
+    accuracy = lambda rs: collect.mean_sd(r["accuracy"] for r in rs)
+    gap = bc3[0]["attrib"]["value"] - bc3[0]["attrib"]["key"]
+    assert all(r["attrib"]["value"] > r["attrib"]["key"] for r in bc3)  # "in every seed"
+    assert f"{bc3[0]['attrib']['key']:.2f}" == f"{bc3[0]['attrib']['value']:.2f}"  # "0.35 each"
+    in_text(row, [
+        f"| Hyena @Key {cpu_hy['key']:.2f} / @Query {cpu_hy['query']:.2f}; BaseConv "
+        f"({ms(cpu['atr_8192_base_conv'])}) Key/Value {cpu_bc['key']:.2f} / {cpu_bc['value']:.2f} |",
+        f"BaseConv, seed 42: lr 1e-4 **{bc['0.0001']['accuracy']:.3f}**, Key/Value "
+        f"{two(bc['0.0001'], kv)}; lr 3e-4 {bc['0.0003']['accuracy']:.3f}, {two(bc['0.0003'], kv)}; "
+        f"lr 1e-3 {bc['0.001']['accuracy']:.3f}, {two(bc['0.001'], kv)}; lr 3e-3 "
+        f"{bc['0.003']['accuracy']:.3f}, {two(bc['0.003'], kv)}; lr 3e-5 "
+        f"{bc['3e-05']['accuracy']:.3f}, its answer hardly reacts to the Key (effect "
+        f"{bc['3e-05']['effect']:.2f}, below the filter)",
+        f"seeds 42 / 43 / 44 give {each(bc3, sep=' / ')} (**{accuracy(bc3)}**) with Key/Value "
+        + ", ".join(two(r, kv) for r in bc3) + f" (mean {m(bc3, 'key'):.2f} / "
+        f"{m(bc3, 'value'):.2f}, Value+1 {m(bc3, 'value+1'):.2f})",
+        f"lr 1e-3, seed 42: {hy['0.001']['accuracy']:.3f} (max {peak(hy['0.001']):.3f}), "
+        f"Key/Value/Query {two(hy['0.001'], kvq)}; lr 3e-3: {hy['0.003']['accuracy']:.3f} (max "
+        f"{peak(hy['0.003']):.3f}), {two(hy['0.003'], kvq)}; at 3e-3, the best rate, seeds 43 / "
+        f"44: {each(hy3[1:], sep=' / ')}, {two(hy3[1], kvq)} and {two(hy3[2], kvq)}; the 3 seeds "
+        f"at 3e-3: **{accuracy(hy3)}**, Key/Value/Query " + " / ".join(
+            f"{m(hy3, p):.2f}" for p in kvq),
+        f"| Hyena @Query {paper_hy['query']:.2f} (median pooled over widths and rates); BaseConv "
+        f"({paper_acc(('8192', 'base_conv')):.3f}) {paper_bc['key']:.2f} / "
+        f"{paper_bc['value']:.2f} (the same) |",
+        f"({accuracy(bc3)} at the best rate against {paper_acc(('8192', 'base_conv')):.3f})",
+        f"(the Key barely ahead, {cpu_bc['key']:.2f} against {cpu_bc['value']:.2f}",
+        f"(in seed 42 by {gap:.3f}, 0.35 each to two decimals; mean {m(bc3, 'key'):.2f} / "
+        f"{m(bc3, 'value'):.2f}, Value+1 {m(bc3, 'value+1'):.2f}",
+        "with half the answer still at the Value ("
+        + span([bc[lr]["attrib"]["value"] for lr in ("0.0003", "0.001")]) + ")",
+        f"seeds 42 and 43 lean on the Key ({hy3[0]['attrib']['key']:.2f}, @Query "
+        f"{span([r['attrib']['query'] for r in hy3[:2]])}), seed 44 on the Query "
+        f"({hy3[2]['attrib']['query']:.2f}, @Key {hy3[2]['attrib']['key']:.2f})",
+        "the CPU preset's seeds split the same way (@Key "
+        + each(cpu["atr_medium_hyena"][:2], lambda r: r["attrib"]["key"], ".2f")
+        + f"; seed 44 @Query {cpu['atr_medium_hyena'][2]['attrib']['query']:.2f})",
+        f"Mean @Query {m(hy3, 'query'):.2f} against {paper_hy['query']:.2f}, with an accuracy "
+        f"{mean(r['accuracy'] for r in hy3) - paper_acc(('medium', 'hyena')):.2f} above the "
+        f"paper's {paper_acc(('medium', 'hyena')):.3f}"])
+    assert f"{hy3[0]['attrib']['key']:.2f}" == f"{hy3[1]['attrib']['key']:.2f}"  # "(0.49,"
+
+
 def test_todays_mixers_table_reads_each_layers_conv(records):
     """The conv column of "Beyond the paper": every layer's conv_output @Value+1, read here from
     each run's own intervention rows (Key corrupted)."""
