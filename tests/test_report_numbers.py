@@ -1721,9 +1721,11 @@ def test_the_three_scales_c6_sizes_row_is_recounted(cpu):
     assert f"{bc3[0]['attrib']['key']:.2f}" == f"{bc3[0]['attrib']['value']:.2f}"  # "0.35 each"
     in_text(row, [
         f"| Hyena @Key {cpu_hy['key']:.2f} / @Query {cpu_hy['query']:.2f}; BaseConv "
-        f"({ms(cpu['atr_8192_base_conv'])}) Key/Value {cpu_bc['key']:.2f} / {cpu_bc['value']:.2f} |",
+        f"({ms(cpu['atr_8192_base_conv'])}) Key/Value {cpu_bc['key']:.2f} / "
+        f"{cpu_bc['value']:.2f} |",
         f"BaseConv, seed 42: lr 1e-4 **{bc['0.0001']['accuracy']:.3f}**, Key/Value "
-        f"{two(bc['0.0001'], kv)}; lr 3e-4 {bc['0.0003']['accuracy']:.3f}, {two(bc['0.0003'], kv)}; "
+        f"{two(bc['0.0001'], kv)}; lr 3e-4 {bc['0.0003']['accuracy']:.3f}, "
+        f"{two(bc['0.0003'], kv)}; "
         f"lr 1e-3 {bc['0.001']['accuracy']:.3f}, {two(bc['0.001'], kv)}; lr 3e-3 "
         f"{bc['0.003']['accuracy']:.3f}, {two(bc['0.003'], kv)}; lr 3e-5 "
         f"{bc['3e-05']['accuracy']:.3f}, its answer hardly reacts to the Key (effect "
