@@ -1760,6 +1760,152 @@ def test_the_three_scales_c6_sizes_row_is_recounted(cpu):
     assert f"{hy3[0]['attrib']['key']:.2f}" == f"{hy3[1]['attrib']['key']:.2f}"  # "(0.49,"
 
 
+def test_each_run_the_paper_protocols_prose_quotes_is_recounted(cpu):
+    """"The paper's own protocol", after the every-run table: each run's accuracy, maximum along
+    its curve, wall minutes and Attribs as the prose quotes them, and the protocol's settings."""
+    text = section("## The paper's own protocol")
+    pp = protocol_runs()
+    one = lambda name: f"{pp[name]['accuracy']:.3f}"
+    acc = lambda name, sep, *lrs: sep.join(one(name.format(lr)) for lr in lrs)  # rate by rate
+    a = lambda name, p: f"{pp[name]['attrib'][p]:.2f}"
+    wall = lambda name: f"{minutes(pp[name]['wall_time_s'])} min"
+    paper = lambda k: collect.PAPER["atr_accuracy"][k][collect.WIDTHS.index(64)]
+    # the protocol: documents, batch, schedule, steps per task
+    configs = {f: json.load(open(os.path.join(RUNS, "paper_protocol", f, "config.json")))
+               for f in pp}
+    steps = {c["task"]: c["epochs"] * c["n_train"] // c["batch_size"] for c in configs.values()}
+    assert {(c["n_train"], c["batch_size"], c["warmup_frac"], c["schedule"], c["fresh_data"])
+            for c in configs.values()} == {(100032, 32, 0.1, "cosine", False)}
+    wanted = [f"(100,032 fixed documents, batch 32, 10 % warmup then cosine; {steps['ar']:,} "
+              f"steps on AR, {steps['atr']:,} on ATR)"]
+    # Attention on ATR easy, and its CPU preset now
+    att = "atr_easy_attention_lr{}_s42"
+    now = {t: cpu[f"atr_{t}_attention"] for t in ("easy", "medium", "8192")}
+    walls = [x["wall_time_s"] for rs in now.values() for x in rs]
+    preset = json.load(open(os.path.join(RUNS, "cpu_preset", "atr_easy_attention_s42",
+                                         "config.json")))
+    mamba_preset = json.load(open(os.path.join(RUNS, "cpu_preset", "atr_easy_mamba_dconv0_s42",
+                                               "config.json")))
+    hold = 1 - mamba_preset["warmup_frac"] - mamba_preset["decay_frac"]
+    wanted += [f"closes most of Attention's ATR gap ({one(att.format('0.001'))} against the",
+               f"{preset['warmup_frac'] * preset['steps']:,.0f} warmup steps "
+               f"{cpu['atr_easy_attention'][0]['accuracy']:.3f} (induction, @Value "
+               f"{cpu['atr_easy_attention'][0]['attrib']['value']:.2f})",
+               f"(3 seeds: easy {ms(now['easy'])}, medium {ms(now['medium'])}, Σ8192 "
+               f"{ms(now['8192'])}; above), at {minutes(min(walls), '1')}–"
+               f"{minutes(max(walls), '1')} minutes a run",
+               f"holds its peak rate for {hold:.0%} of its 15k steps".replace("%", " %")]
+    # Mamba on AR
+    mam = "ar_mamba_lr{}_s42"
+    s = lambda seed: f"ar_mamba_lr0.01_s{seed}"
+    wanted += [f"reached with seed 44 ({one(s(44))} at lr 1e-2, the paper's 0.806)",
+               f"at that rate ({one(s(42))}, {one(s(43))}) nor with seed 42 at "
+               f"3e-3 and 1e-3 ({acc(mam, ', ', '0.003', '0.001')})",
+               f"through the conv at Value+1 (C5; {pp[s(42)]['conv']['value+1']:.2f} and "
+               f"{pp[s(43)]['conv']['value+1']:.2f})",
+               f"Mamba learns nothing ({one(mam.format('0.03'))} after "
+               f"{steps['ar'] // 1000}k steps)"]
+    # Attention's rates and seeds
+    at3 = [f"atr_easy_attention_lr0.001_s{x}" for x in SEEDS]
+    wanted += [f"stays 1e-3 ({one(att.format('0.001'))}): at 3e-4 it reaches "
+               f"{one(att.format('0.0003'))} "
+               f"by the same induction at the Value (@Value {a(att.format('0.0003'), 'value')}), "
+               f"at 3e-3 {one(att.format('0.003'))} without it",
+               "Its three seeds at 1e-3 give " + " / ".join(one(f) for f in at3),
+               "(@Value " + " / ".join(a(f, "value") for f in at3) + ")"]
+    # Hyena on ATR medium
+    hy = "atr_medium_hyena_lr{}_s{}"
+    h1, h3 = hy.format("0.001", 42), [hy.format("0.003", x) for x in SEEDS]
+    kqv = lambda f: (f"@Key {a(f, 'key')}, @Query {a(f, 'query')}, @Value {a(f, 'value')}")
+    cpu_hy = cpu["atr_medium_hyena"]
+    cpu_means = collect.passing_means(cpu_hy)
+    three = mean(pp[f]["accuracy"] for f in h3)
+    wanted += [f"seed 42 ({wall(h1)}, three runs on the 2 cores): {one(h1)} (max "
+               f"{peak(pp[h1]):.3f}; the paper's {paper(('medium', 'hyena')):.3f} at d = 64, the "
+               f"CPU preset's {ms(cpu_hy)}), its association read at the Key ({kqv(h1)}; effect "
+               f"{pp[h1]['effect']:.2f}), the CPU preset's split ({cpu_means['key']:.2f} / "
+               f"{cpu_means['query']:.2f})",
+               f"{minutes(pp[h3[0]]['wall_time_s'])} min of wall time recorded) Hyena ends at "
+               f"{one(h3[0])} (max {peak(pp[h3[0]]):.3f})",
+               f"the same split ({kqv(h3[0])}; effect "
+               f"{pp[h3[0]]['effect']:.2f})",
+               f"at 3e-3 ({minutes(pp[h3[1]]['wall_time_s'])} and "
+               f"{minutes(pp[h3[2]]['wall_time_s'])} min, two runs on the 2 cores) end at "
+               f"{one(h3[1])} and {one(h3[2])} (max {peak(pp[h3[1]]):.3f} and "
+               f"{peak(pp[h3[2]]):.3f})",
+               f"seeds, {three - paper(('medium', 'hyena')):.2f} above the paper's "
+               f"{paper(('medium', 'hyena')):.3f} and "
+               f"{three - mean(x['accuracy'] for x in cpu_hy):.2f} above the CPU preset's "
+               f"{ms(cpu_hy)}",
+               f"Seed 43 splits as seed 42 does ({kqv(h3[1])})",
+               f"mostly at the Query (@Query {a(h3[2], 'query')}, @Key {a(h3[2], 'key')}, @Value "
+               f"{a(h3[2], 'value')})",
+               "(@Key " + each(cpu_hy[:2], lambda x: x["attrib"]["key"], ".2f", " and ")
+               + f"; seed 44 @Query {cpu_hy[2]['attrib']['query']:.2f}), so the longer",
+               f"same in all three ({span([pp[f]['effect'] for f in h3])})"]
+    assert "(@Key 0.49, @Query 0.35, @Value 0.00; effect" in text  # kqv's order, seed 42 at 3e-3
+    # BaseConv on Σ8192
+    bc = "atr_8192_base_conv_lr{}_s{}"
+    b = {lr: bc.format(lr, 42) for lr in ("0.0001", "0.0003", "0.001", "0.003", "3e-05")}
+    b3 = [bc.format("0.0001", x) for x in SEEDS]
+    cpu_bc = collect.passing_means(cpu["atr_8192_base_conv"])
+    pb = collect.PAPER["atr_mechanism"]["8192", "base_conv"]
+    kv = lambda f, ps=("key", "value"): " / ".join(a(f, p) for p in ps)
+    wanted += [f"lr 1e-3, seed 42: {one(b['0.001'])}, the paper's "
+               f"{paper(('8192', 'base_conv')):.3f}, and the CPU preset's "
+               f"{ms(cpu['atr_8192_base_conv'])}",
+               f"({a(b['0.001'], 'key')} against {a(b['0.001'], 'value')}; the CPU preset "
+               f"{cpu_bc['key']:.2f} / {cpu_bc['value']:.2f}; the paper {pb['key']:.2f} / "
+               f"{pb['value']:.2f})",
+               f"restore a third of the answer, {a(b['0.001'], 'value+1')} and "
+               f"{a(b['0.001'], 'divider')})",
+               f"At lr 3e-3 it ends at {one(b['0.003'])}",
+               f"@Key {a(b['0.003'], 'key')}, @Value {a(b['0.003'], 'value')}, with Value+1 "
+               f"restoring {a(b['0.003'], 'value+1')} and the divider {a(b['0.003'], 'divider')}",
+               f"At lr 3e-4 it is best ({one(b['0.0003'])}, max {peak(pp[b['0.0003']]):.3f}) "
+               f"with the same overlap: @Key {a(b['0.0003'], 'key')}, @Value "
+               f"{a(b['0.0003'], 'value')}, Value+1 {a(b['0.0003'], 'value+1')}, the divider "
+               f"{a(b['0.0003'], 'divider')}",
+               "(" + ", ".join(one(b[lr]) for lr in ("0.003", "0.001", "0.0003")) + ")",
+               f"the paper's accuracy + "
+               f"{pp[b['0.0001']]['accuracy'] - paper(('8192', 'base_conv')):.2f}, with the Key "
+               f"and the Value equal ({a(b['0.0001'], 'key')} each), Value+1 "
+               f"{a(b['0.0001'], 'value+1')} and the divider {a(b['0.0001'], 'divider')}",
+               f"(effect {pp[b['3e-05']]['effect']:.2f}, below the filter; Key / Value / Value+1 "
+               f"{kv(b['3e-05'], ('key', 'value', 'value+1'))})",
+               f"({one(b3[1])} and {one(b3[2])}, max {peak(pp[b3[1]]):.3f} and "
+               f"{peak(pp[b3[2]]):.3f}; "
+               + " and ".join(f"{at('paper_protocol', f, 15000):.3f}" for f in b3[1:])
+               + " at step 15k",
+               f"the paper's 0.559 + "
+               f"{mean(pp[f]['accuracy'] for f in b3) - paper(('8192', 'base_conv')):.2f})",
+               "Value+1 " + " and ".join(kv(f, ("key", "value", "value+1")) for f in b3[1:])
+               + " (the divider " + " and ".join(a(f, "divider") for f in b3[1:]) + ")"]
+    assert a(b["0.0001"], "key") == a(b["0.0001"], "value")  # "equal"
+    # Mamba without its conv on ATR easy (C7)
+    d0 = "atr_easy_mamba_dconv0_lr{}_s{}"
+    m1, m3, m10 = (d0.format(lr, 42) for lr in ("0.001", "0.003", "0.01"))
+    m3s = [d0.format("0.003", x) for x in SEEDS]
+    cpu_d0 = cpu["atr_easy_mamba_dconv0"]
+    vq = lambda f: f"@Value {a(f, 'value')}, @Query {a(f, 'query')}, @Key {a(f, 'key')}"
+    wanted += [f"lr 1e-3, seed 42: {one(m1)}, and its answer is stored at the Value "
+               f"({vq(m1)}), closer to the paper's ≈ 1 than the CPU preset's "
+               f"{collect.passing_means(cpu_d0)['value']:.2f} "
+               f"({span([x['attrib']['value'] for x in cpu_d0])})",
+               f"({one(m3)}, the best of the two rates) with the same split: {vq(m3)}",
+               f"accuracy falls a little ({one(m10)}, max {peak(pp[m10]):.3f}) but the "
+               f"mechanism is the paper's: @Value {a(m10, 'value')}, @Key {a(m10, 'key')}, "
+               f"@Query {a(m10, 'query')}",
+               f"wholly at 1e-2, {a(m1, 'value')}–{a(m3, 'value')} at the two lower rates",
+               f"seeds 43 and 44 give {one(m3s[1])} and {one(m3s[2])} (the 3 "
+               f"seeds: {collect.mean_sd(pp[f]['accuracy'] for f in m3s)}) with @Value "
+               f"{a(m3s[1], 'value')} and {a(m3s[2], 'value')} (the rest at the Query: "
+               f"{a(m3s[1], 'query')}, {a(m3s[2], 'query')})",
+               f"against 1e-3's {each(cpu_d0, sep=' / ')} and "
+               + each(cpu_d0, lambda x: x["attrib"]["value"], ".2f", " / ")]
+    in_text(text, wanted)
+
+
 def test_todays_mixers_table_reads_each_layers_conv(records):
     """The conv column of "Beyond the paper": every layer's conv_output @Value+1, read here from
     each run's own intervention rows (Key corrupted)."""
