@@ -1901,6 +1901,7 @@ def test_each_run_the_paper_protocols_prose_quotes_is_recounted(cpu):
                f"seeds: {collect.mean_sd(pp[f]['accuracy'] for f in m3s)}) with @Value "
                f"{a(m3s[1], 'value')} and {a(m3s[2], 'value')} (the rest at the Query: "
                f"{a(m3s[1], 'query')}, {a(m3s[2], 'query')})",
+               f"(readings on {collect.mech.DYNAMICS_DOCS} documents)",
                f"against 1e-3's {each(cpu_d0, sep=' / ')} and "
                + each(cpu_d0, lambda x: x["attrib"]["value"], ".2f", " / ")]
     in_text(text, wanted)
