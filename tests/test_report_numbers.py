@@ -976,7 +976,8 @@ def test_the_calibration_tables_attribs_are_recounted():
         f"(Value {bc['value']:.2f} ≥ 0.6, Key {bc['key']:.2f} ≤ 0.4)",
         f"every architecture is within {span(short)} of the paper's accuracy",
         f"Mamba without its convolution stores @Value {d0['value']:.2f} in this seed",
-        f"at 1e-3 it memorises the fixed set (training loss {based['curve'][-1]['train_loss']:.1f}, "
+        "at 1e-3 it memorises the fixed set (training loss "
+        f"{based['curve'][-1]['train_loss']:.1f}, "
         f"test loss {based['test_loss']:.1f}, accuracy {based['accuracy']:.3f})",
         "where 3e-4 is its best rate too "
         f"({protocol_runs()['ar_based_pe_lr0.0003_s42']['accuracy']:.3f})"])
