@@ -191,6 +191,34 @@ def test_the_cost_table_gives_the_protocol_times():
         assert f"{words}{minutes(min(walls))}–{minutes(max(walls))} min" in row, words
 
 
+def test_the_cost_table_gives_the_class_and_grid_rows(items):
+    """"What each scale costs here": the runs the other findings share with the report's sweeps,
+    the class preset's times (whole commands) and the paper grid's run counts (figures/sweeps)."""
+    from figures.sweeps import sweep_runs
+    rows = {key: next(l for l in REPORT.splitlines() if l.startswith(f"| {key}"))
+            for key in ("the CPU preset", "the class preset", "the paper's grid")}
+    cost = {name: ours.split(", ") for name, ours, _, _ in items if name.startswith("cost ")}
+    nope_runs, nope_minutes = cost["cost atr-attention-nope: runs, run-minutes"]
+    main_minutes = cost["cost main: runs, run-minutes"][1]
+    in_text(rows["the CPU preset"], [
+        f"of which {nope_runs} are `atr-attention-nope`'s",
+        f"{nope_minutes} of them the {nope_runs} shared runs already in the {main_minutes}",
+        f"`atr-gen` {cost['cost atr-gen: runs, run-minutes'][0]} of its "
+        f"{len(sweep_runs('atr-gen', 'cpu', 3))}:"])
+    every = [s for ss in class_command_times().values() for s in ss]
+    in_text(rows["the class preset"], [
+        f"| {minutes(min(every))}–{minutes(max(every))} min a run, the whole command",
+        f"| {len(every)} ({len(collect.CLASS_CLAIMS)} claims × 3 seeds;",
+        f"| {minutes(sum(every), '1')} min of the two cores"])
+    count = {s: len(sweep_runs(s, "paper", 1)) for s in collect.MAIN_SWEEPS + collect.OTHER_SWEEPS}
+    listed = lambda sweeps: ", ".join(f"`{s}` {count[s]:,}" for s in sweeps)
+    in_text(rows["the paper's grid"], [
+        f"{sum(count[s] for s in collect.MAIN_SWEEPS):,} for the report's 7 sweeps "
+        f"({listed(collect.MAIN_SWEEPS)})",
+        f"{sum(count[s] for s in collect.OTHER_SWEEPS):,} more for the other findings "
+        f"({listed(collect.OTHER_SWEEPS)})"])
+
+
 def class_command_times() -> dict:
     """{claim: [whole-command seconds of seeds 42-44]} of the class preset's committed runs."""
     times = {}
