@@ -453,6 +453,49 @@ def test_the_class_preset_prose_is_recounted():
     assert f"| {minutes(total, '1')} min of the two cores" in REPORT
 
 
+def test_the_class_presets_settings_and_verdicts_are_recounted(items):
+    """"The class preset": its settings as the runs' config.json give them, how many claims get
+    the CPU preset's verdicts (collect's items `class ...`), and Mamba's conv in both presets."""
+    text = section("## The class preset")
+    config = lambda name: json.load(open(os.path.join(RUNS, "class_preset", f"{name}_s42",
+                                                      "config.json")))
+    c = {name: config(name) for name in ("ar_attention", "ar_based", "ar_mamba_dconv4",
+                                         "atr_easy_mamba_dconv0")}
+    cpu_d0 = json.load(open(os.path.join(RUNS, "cpu_preset", "atr_easy_mamba_dconv0_s42",
+                                         "config.json")))
+    assert c["ar_based"]["steps"] == c["ar_mamba_dconv4"]["steps"]  # "10,000 steps", the rest
+    assert {x["schedule"] for x in c.values()} == {"wsd"}
+    assert c["atr_easy_mamba_dconv0"]["steps"] == c["ar_attention"]["steps"]  # "15,000" both
+    shape = lambda x: (x["d_model"], x["n_pairs"], x["n_train"])
+    assert shape(c["ar_attention"]) == shape(c["ar_based"])  # "Attention and Based on AR"
+    mamba = c["ar_mamba_dconv4"]
+    same = [same for name, _, _, same in items if name.startswith("class ") and same != "-"]
+    conv = {p: ours.split("; ")[2].rsplit(", ", 1) for name, ours, _, _ in items
+            for p in ("class", "cpu") if name == f"class AR mamba d_conv 4, {p} preset"}
+    carries = {p: sum(float(x) >= 0.9 for x in ", ".join(v).split(", ")) for p, v in conv.items()}
+    assert carries["class"] == 0  # "in no class seed"
+    words = {2: "two", 3: "three", 4: "four", 6: "six"}
+    rate = lambda x: f"{x:.0e}".replace("e-0", "e-")  # 5e-3, as the report writes it
+    share = lambda x: f"{x * 100:.0f} %"
+    in_text(text, [
+        f"- **{c['ar_based']['steps']:,} steps** of the CPU preset's schedule "
+        "(warmup-stable-decay)",
+        f"attention on AR and Mamba on ATR **{c['ar_attention']['steps']:,}**",
+        f"**Attention and Based on AR: d = {c['ar_attention']['d_model']}** (one of the paper's "
+        f"widths), **{c['ar_attention']['n_pairs']} key-value pairs** a document",
+        f"**{c['ar_attention']['n_train']:,} training documents** ({mamba['n_train']:,})",
+        f"**Mamba on ATR easy: lr {rate(c['atr_easy_mamba_dconv0']['lr'])} with a warmup of "
+        f"{share(c['atr_easy_mamba_dconv0']['warmup_frac'])} of its steps** (the CPU preset: "
+        f"{rate(cpu_d0['lr'])}, {share(cpu_d0['warmup_frac'])})",
+        f"Mamba on AR keeps d = {mamba['d_model']}, {mamba['n_pairs']} pairs, fresh documents "
+        f"every step at lr {rate(mamba['lr'])}",
+        f"**{words[same.count('same')].capitalize()} of the {words[len(same)]} claims get the CPU "
+        f"preset's verdicts in every seed; {words[len(same) - same.count('same')]} differ**",
+        f"in no class seed, where it does in {carries['cpu']} of 3 CPU seeds",
+        f"carries {' and '.join(conv['class'])} of the association (seeds 42–44) where the CPU "
+        f"preset's 20,000 steps give {' and '.join(conv['cpu'])}"])
+
+
 def test_the_cost_table_gives_the_cpu_preset_times(records):
     """The CPU preset's row: median and range of the main sweeps' run minutes per task, the
     1-layer ATR runs' range, the two cores' hours, and C3's Hyena runs at d = 128 and 256."""
