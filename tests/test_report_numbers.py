@@ -713,6 +713,25 @@ def test_the_coinciding_positions_on_atr_are_recounted(cpu):
     in_text(text, wanted)
 
 
+def test_the_coinciding_shares_are_recounted(cpu):
+    """"Positions that coincide": how often Value+1 is the divider, from the documents each run's
+    Value+1 cell averages (`n` of 320): ATR easy (Mamba d_conv 3's conv) and medium (Based)."""
+    text = section("## Positions that coincide")
+    share = lambda ns, total: span([100 * (1 - n / total) for n in ns], ".0f")
+    easy = [r["conv_docs"]["value+1"] for r in cpu["atr_easy_mamba_dconv3"]]
+    medium = [next(x["n"] for x in metrics("cpu_preset", r["folder"])["interventions"]["rows"]
+                   if x["corrupted"] == "key" and x["position"] == "value+1"
+                   and (x["site"], x["layer"]) == ("block_input", 1))
+              for r in cpu["atr_medium_based"]]
+    n_eval = {r["n_eval"] for g in ("atr_easy_mamba_dconv3", "atr_medium_based") for r in cpu[g]}
+    pairs = {r["n_pairs"] for r in cpu["ar_mamba"]}
+    assert len(n_eval) == len(pairs) == 1
+    in_text(text, [f"divider (and Value+2 the Query): 1 document in {pairs.pop()}",
+                   f"Value+2 the Query in {share(easy, 320)} % of the test documents on easy and "
+                   f"{share(medium, 320)} % on medium",
+                   f"(counted on the {n_eval.pop()} test documents of seeds 42–44"])
+
+
 def test_the_other_findings_prose_is_recounted(cpu):
     """App. D.2 (one layer), D.4 (the sibling task), D.1 (position embeddings), §5.3 (held out)."""
     text = section("## The paper's other findings")
