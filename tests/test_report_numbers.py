@@ -191,6 +191,34 @@ def test_the_cost_table_gives_the_protocol_times():
         assert f"{words}{minutes(min(walls))}–{minutes(max(walls))} min" in row, words
 
 
+def test_the_cost_table_gives_the_class_and_grid_rows(items):
+    """"What each scale costs here": the runs the other findings share with the report's sweeps,
+    the class preset's times (whole commands) and the paper grid's run counts (figures/sweeps)."""
+    from figures.sweeps import sweep_runs
+    rows = {key: next(l for l in REPORT.splitlines() if l.startswith(f"| {key}"))
+            for key in ("the CPU preset", "the class preset", "the paper's grid")}
+    cost = {name: ours.split(", ") for name, ours, _, _ in items if name.startswith("cost ")}
+    nope_runs, nope_minutes = cost["cost atr-attention-nope: runs, run-minutes"]
+    main_minutes = cost["cost main: runs, run-minutes"][1]
+    in_text(rows["the CPU preset"], [
+        f"of which {nope_runs} are `atr-attention-nope`'s",
+        f"{nope_minutes} of them the {nope_runs} shared runs already in the {main_minutes}",
+        f"`atr-gen` {cost['cost atr-gen: runs, run-minutes'][0]} of its "
+        f"{len(sweep_runs('atr-gen', 'cpu', 3))}:"])
+    every = [s for ss in class_command_times().values() for s in ss]
+    in_text(rows["the class preset"], [
+        f"| {minutes(min(every))}–{minutes(max(every))} min a run, the whole command",
+        f"| {len(every)} ({len(collect.CLASS_CLAIMS)} claims × 3 seeds;",
+        f"| {minutes(sum(every), '1')} min of the two cores"])
+    count = {s: len(sweep_runs(s, "paper", 1)) for s in collect.MAIN_SWEEPS + collect.OTHER_SWEEPS}
+    listed = lambda sweeps: ", ".join(f"`{s}` {count[s]:,}" for s in sweeps)
+    in_text(rows["the paper's grid"], [
+        f"{sum(count[s] for s in collect.MAIN_SWEEPS):,} for the report's 7 sweeps "
+        f"({listed(collect.MAIN_SWEEPS)})",
+        f"{sum(count[s] for s in collect.OTHER_SWEEPS):,} more for the other findings "
+        f"({listed(collect.OTHER_SWEEPS)})"])
+
+
 def class_command_times() -> dict:
     """{claim: [whole-command seconds of seeds 42-44]} of the class preset's committed runs."""
     times = {}
@@ -425,6 +453,49 @@ def test_the_class_preset_prose_is_recounted():
     assert f"| {minutes(total, '1')} min of the two cores" in REPORT
 
 
+def test_the_class_presets_settings_and_verdicts_are_recounted(items):
+    """"The class preset": its settings as the runs' config.json give them, how many claims get
+    the CPU preset's verdicts (collect's items `class ...`), and Mamba's conv in both presets."""
+    text = section("## The class preset")
+    config = lambda name: json.load(open(os.path.join(RUNS, "class_preset", f"{name}_s42",
+                                                      "config.json")))
+    c = {name: config(name) for name in ("ar_attention", "ar_based", "ar_mamba_dconv4",
+                                         "atr_easy_mamba_dconv0")}
+    cpu_d0 = json.load(open(os.path.join(RUNS, "cpu_preset", "atr_easy_mamba_dconv0_s42",
+                                         "config.json")))
+    assert c["ar_based"]["steps"] == c["ar_mamba_dconv4"]["steps"]  # "10,000 steps", the rest
+    assert {x["schedule"] for x in c.values()} == {"wsd"}
+    assert c["atr_easy_mamba_dconv0"]["steps"] == c["ar_attention"]["steps"]  # "15,000" both
+    shape = lambda x: (x["d_model"], x["n_pairs"], x["n_train"])
+    assert shape(c["ar_attention"]) == shape(c["ar_based"])  # "Attention and Based on AR"
+    mamba = c["ar_mamba_dconv4"]
+    same = [same for name, _, _, same in items if name.startswith("class ") and same != "-"]
+    conv = {p: ours.split("; ")[2].rsplit(", ", 1) for name, ours, _, _ in items
+            for p in ("class", "cpu") if name == f"class AR mamba d_conv 4, {p} preset"}
+    carries = {p: sum(float(x) >= 0.9 for x in ", ".join(v).split(", ")) for p, v in conv.items()}
+    assert carries["class"] == 0  # "in no class seed"
+    words = {2: "two", 3: "three", 4: "four", 6: "six"}
+    rate = lambda x: f"{x:.0e}".replace("e-0", "e-")  # 5e-3, as the report writes it
+    share = lambda x: f"{x * 100:.0f} %"
+    in_text(text, [
+        f"- **{c['ar_based']['steps']:,} steps** of the CPU preset's schedule "
+        "(warmup-stable-decay)",
+        f"attention on AR and Mamba on ATR **{c['ar_attention']['steps']:,}**",
+        f"**Attention and Based on AR: d = {c['ar_attention']['d_model']}** (one of the paper's "
+        f"widths), **{c['ar_attention']['n_pairs']} key-value pairs** a document",
+        f"**{c['ar_attention']['n_train']:,} training documents** ({mamba['n_train']:,})",
+        f"**Mamba on ATR easy: lr {rate(c['atr_easy_mamba_dconv0']['lr'])} with a warmup of "
+        f"{share(c['atr_easy_mamba_dconv0']['warmup_frac'])} of its steps** (the CPU preset: "
+        f"{rate(cpu_d0['lr'])}, {share(cpu_d0['warmup_frac'])})",
+        f"Mamba on AR keeps d = {mamba['d_model']}, {mamba['n_pairs']} pairs, fresh documents "
+        f"every step at lr {rate(mamba['lr'])}",
+        f"**{words[same.count('same')].capitalize()} of the {words[len(same)]} claims get the CPU "
+        f"preset's verdicts in every seed; {words[len(same) - same.count('same')]} differ**",
+        f"in no class seed, where it does in {carries['cpu']} of 3 CPU seeds",
+        f"carries {' and '.join(conv['class'])} of the association (seeds 42–44) where the CPU "
+        f"preset's 20,000 steps give {' and '.join(conv['cpu'])}"])
+
+
 def test_the_cost_table_gives_the_cpu_preset_times(records):
     """The CPU preset's row: median and range of the main sweeps' run minutes per task, the
     1-layer ATR runs' range, the two cores' hours, and C3's Hyena runs at d = 128 and 256."""
@@ -567,6 +638,52 @@ def test_the_header_prose_is_recounted(cpu):
     in_text(text, wanted)
 
 
+SEVEN = ("cpu_preset", "paper_protocol", "class_preset", "diagnostics")  # the paper's models
+
+
+def mixed_at(r: dict, dominant: float, monkeypatch) -> bool:
+    """Whether mech.verdict calls a run mixed with VERDICT_DOMINANT = dominant (its layer: the
+    first whose input no longer holds the Key, as mech.verdict picks it)."""
+    from figures.collect import mech
+    monkeypatch.setattr(mech, "VERDICT_DOMINANT", dominant)
+    second = r["attrib_second"]
+    return mech.dominant(second if second and second["key"] < dominant else r["attrib"]) is None
+
+
+def test_the_verdict_thresholds_are_recounted(records, monkeypatch):
+    """The Notes: what VERDICT_MIN_EFFECT 0.1 and VERDICT_DOMINANT 0.6 change, over today's runs
+    of the seven models."""
+    rs = list(records) + list(protocol_runs().values()) + [
+        r for p in SEVEN[2:] for r in collect.collect(os.path.join(RUNS, p), log=lambda *a: None)]
+    rs = [r for r in rs if "effect" in r]
+    ar = [r for r in rs if r["task"] == "ar"]
+    low = [r for r in ar if r["effect"] < 0.01]
+    high = [r for r in ar if r["effect"] >= 0.1]
+    between = [r for r in ar if 0.01 <= r["effect"] < 0.1]
+    hyena = [r["effect"] for r in between if r["arch"] == "hyena" and r["d_model"] > 64]
+    mamba = [r["effect"] for r in between if r["arch"] == "mamba" and r["d_conv"] == 2]
+    assert len(hyena) + len(mamba) == len(between) and len(mamba) == 1
+    past = [r for r in rs if r["effect"] >= 0.1]
+    mixed = {d: sum(mixed_at(r, d, monkeypatch) for r in past) for d in (0.55, 0.6, 0.7)}
+    in_text(one_line(REPORT), [
+        f"recounted over today's {len(rs)} runs of the seven models",
+        f"changes {len(between)} of {len(ar)} AR runs ({len(low)} lie below 0.01, {len(high)} at "
+        f"0.1 or above; between them a Mamba d_conv 2 seed at {mamba[0]:.3f} and {len(hyena)} "
+        f"Hyena runs at d = 128 and 256, {span(hyena, '.3f')}), and of {len(past)} runs past 0.1, "
+        f"{mixed[0.6]} are mixed at 0.6 ({mixed[0.55]} at 0.55, {mixed[0.7]} at 0.7)"])
+
+
+def test_the_retrained_runs_earlier_accuracies_are_recounted_from_git_history(cpu):
+    """The Notes: Mamba on AR and on ATR without its conv, retrained (5b1f755), beside the
+    accuracies of the runs they replaced (kept in git history, 5b1f755^)."""
+    old = lambda g: old_runs("5b1f755^", "figures/runs/" + g)
+    ar, d0 = old("ar_mamba"), old("atr_easy_mamba_dconv0")
+    in_text(one_line(REPORT), [
+        f"came out elsewhere ({each(cpu['ar_mamba'])} against {each(ar)}), as did ATR d_conv 0 "
+        f"seeds 43 and 44 ({each(cpu['atr_easy_mamba_dconv0'][1:], sep=' and ')} against "
+        f"{each(d0[1:], sep=' and ')})"])
+
+
 def test_the_coinciding_positions_on_atr_are_recounted(cpu):
     """"Positions that coincide": the ATR runs retrained for today's distinct-document reading."""
     text = section("## Positions that coincide")
@@ -594,6 +711,25 @@ def test_the_coinciding_positions_on_atr_are_recounted(cpu):
         abs(r["conv"]["value+1"]) < 0.005 for r in cpu["atr_easy_mamba_dconv1"]
         + cpu["atr_easy_mamba_dconv2"])  # "0.00 for d_conv 1 and 2"
     in_text(text, wanted)
+
+
+def test_the_coinciding_shares_are_recounted(cpu):
+    """"Positions that coincide": how often Value+1 is the divider, from the documents each run's
+    Value+1 cell averages (`n` of 320): ATR easy (Mamba d_conv 3's conv) and medium (Based)."""
+    text = section("## Positions that coincide")
+    share = lambda ns, total: span([100 * (1 - n / total) for n in ns], ".0f")
+    easy = [r["conv_docs"]["value+1"] for r in cpu["atr_easy_mamba_dconv3"]]
+    medium = [next(x["n"] for x in metrics("cpu_preset", r["folder"])["interventions"]["rows"]
+                   if x["corrupted"] == "key" and x["position"] == "value+1"
+                   and (x["site"], x["layer"]) == ("block_input", 1))
+              for r in cpu["atr_medium_based"]]
+    n_eval = {r["n_eval"] for g in ("atr_easy_mamba_dconv3", "atr_medium_based") for r in cpu[g]}
+    pairs = {r["n_pairs"] for r in cpu["ar_mamba"]}
+    assert len(n_eval) == len(pairs) == 1
+    in_text(text, [f"divider (and Value+2 the Query): 1 document in {pairs.pop()}",
+                   f"Value+2 the Query in {share(easy, 320)} % of the test documents on easy and "
+                   f"{share(medium, 320)} % on medium",
+                   f"(counted on the {n_eval.pop()} test documents of seeds 42–44"])
 
 
 def test_the_other_findings_prose_is_recounted(cpu):
@@ -882,6 +1018,59 @@ def test_the_class_preset_and_calibration_prose_is_recounted(cpu):
                    f"a lower peak rate instead (3e-4) "
                    f"{metrics('diagnostics', 'atr_easy_attention_lr0.0003_s42')['accuracy']:.3f}",
                    f"stays on the copy heuristic ({old[0]['accuracy']:.3f} after 15k steps"])
+
+
+def test_the_calibration_tables_attribs_are_recounted():
+    """"The CPU preset: how it was calibrated": each default run's (seed 42) Attribs, steps and
+    Key effect in the AR and ATR tables, the paper's numbers beside them, and the prose on them."""
+    raw = REPORT[REPORT.index("\n## The CPU preset: how"):REPORT.index("\n## The class")]
+    tables = [t.split("\n\n")[0].replace("**", "").replace("−", "-")
+              for t in raw.split("| `--arch` |")[1:3]]
+    rec = lambda g: collect.record(os.path.join(RUNS, "cpu_preset", f"{g}_s42"), RUNS)
+    row = lambda table, arch: next(l for l in table.splitlines() if l.startswith(f"| {arch} |"))
+    ar = {"attention": "ar_attention", "based": "ar_based", "mamba `--dconv 4`": "ar_mamba",
+          "delta_net": "ar_delta_net", "hyena": "ar_hyena", "base_conv": "ar_base_conv",
+          "h3": "ar_h3", "mamba `--dconv 0`": "ar_mamba_dconv0"}
+    i64 = collect.WIDTHS.index(64)
+    paper64 = lambda a: collect.PAPER["ar_accuracy"][a][i64]
+    for arch, g in ar.items():
+        r, line = rec(g), row(tables[0], arch)
+        a = arch.split()[0]
+        paper = ('"close behind"' if a == "delta_net" else f"{paper64(a):.3f}" if "dconv 0"
+                 not in arch else f"{collect.PAPER['ar_mamba_dconv'][0][i64]:.3f}")
+        attribs = collect.attribs_text(r["attrib"]).replace("-0.00", "0.00")
+        cells = {True: f" | {attribs} | ", False: " | — | "}[collect.reacts(r)]
+        if a == "hyena":  # below the filter: its Attribs in brackets, its effect named
+            cells = f" | ({attribs}) | not learned (p(answer) moves by {r['effect']:.3f})"
+        want = [f"| {paper} | {r['steps']:,} |", cells]
+        if arch.startswith("mamba `--dconv 4`"):
+            want.append(f"(conv_output[0] @Value+1: {r['conv']['value+1']:.3f})")
+        in_text(line.replace("-0.00", "0.00"), want)
+    atr = {"attention": "attention", "based": "based", "base_conv": "base_conv", "h3": "h3",
+           "hyena": "hyena", "mamba": "mamba", "mamba `--dconv 0`": "mamba_dconv0",
+           "delta_net": "delta_net"}
+    short = []
+    for arch, g in atr.items():
+        r, line = rec(f"atr_easy_{g}"), row(tables[1], arch)
+        want = [f" | {collect.attribs_text(r['attrib'])} | "]
+        if " " not in arch and arch != "delta_net":
+            paper = collect.PAPER["atr_accuracy"]["easy", arch][i64]
+            short.append(paper - r["accuracy"])
+            want += [f"| {r['accuracy']:.3f} | {paper:.3f} | ",
+                     f" | {collect.attribs_text(collect.PAPER['atr_mechanism']['easy', arch])} | "]
+        in_text(line, want)
+    bc, d0 = rec("atr_easy_base_conv")["attrib"], rec("atr_easy_mamba_dconv0")["attrib"]
+    text = section("## The CPU preset: how it was calibrated")
+    based = metrics("diagnostics", "ar_based_pe_lr0.001_s42")
+    in_text(text, [
+        f"(Value {bc['value']:.2f} ≥ 0.6, Key {bc['key']:.2f} ≤ 0.4)",
+        f"every architecture is within {span(short)} of the paper's accuracy",
+        f"Mamba without its convolution stores @Value {d0['value']:.2f} in this seed",
+        "at 1e-3 it memorises the fixed set (training loss "
+        f"{based['curve'][-1]['train_loss']:.1f}, "
+        f"test loss {based['test_loss']:.1f}, accuracy {based['accuracy']:.3f})",
+        "where 3e-4 is its best rate too "
+        f"({protocol_runs()['ar_based_pe_lr0.0003_s42']['accuracy']:.3f})"])
 
 
 def test_the_pe_gaps_and_the_atr_dynamics_are_recounted(cpu):
@@ -1644,6 +1833,221 @@ def test_the_three_scales_table_is_recounted(cpu, items):
         f"{curve_range('paper_protocol', d0('0.01'), 'value', 10000)} at every evaluation from "
         "step 10k), its accuracy "
         f"{mean(r['accuracy'] for r in at3) - run(d0('0.01'))['accuracy']:.3f} below 3e-3's mean"])
+
+
+def peak(r: dict) -> float:
+    """A run's highest accuracy along its curve (the every-run table's "max")."""
+    return max(p["accuracy"] for p in curve("paper_protocol", r["folder"]))
+
+
+def test_the_three_scales_c6_sizes_row_is_recounted(cpu):
+    """"The paper's own protocol": the three-scales table's row for the sizes of C6 (BaseConv on
+    Σ8192 at five rates and three seeds, Hyena on ATR medium at two rates and three seeds)."""
+    pp = protocol_runs()
+    row = next(l for l in REPORT.splitlines() if l.startswith("| C6 sizes: "))
+    two = lambda r, ps: " / ".join(f"{r['attrib'][p]:.2f}" for p in ps)
+    kv, kvq = ("key", "value"), ("key", "value", "query")
+    bc = {lr: pp[f"atr_8192_base_conv_lr{lr}_s42"] for lr in ("0.0001", "0.0003", "0.001",
+                                                                "0.003", "3e-05")}
+    bc3 = [pp[f"atr_8192_base_conv_lr0.0001_s{s}"] for s in SEEDS]
+    hy = {lr: pp[f"atr_medium_hyena_lr{lr}_s42"] for lr in ("0.001", "0.003")}
+    hy3 = [pp[f"atr_medium_hyena_lr0.003_s{s}"] for s in SEEDS]
+    m = lambda rs, p: mean(r["attrib"][p] for r in rs)
+    cpu_hy, cpu_bc = (collect.passing_means(cpu[g]) for g in ("atr_medium_hyena",
+                                                               "atr_8192_base_conv"))
+    paper_bc = collect.PAPER["atr_mechanism"]["8192", "base_conv"]
+    paper_hy = collect.PAPER["atr_mechanism"]["medium", "hyena"]
+    paper_acc = lambda k: collect.PAPER["atr_accuracy"][k][collect.WIDTHS.index(64)]
+    accuracy = lambda rs: collect.mean_sd(r["accuracy"] for r in rs)
+    gap = bc3[0]["attrib"]["value"] - bc3[0]["attrib"]["key"]
+    assert all(r["attrib"]["value"] > r["attrib"]["key"] for r in bc3)  # "in every seed"
+    assert f"{bc3[0]['attrib']['key']:.2f}" == f"{bc3[0]['attrib']['value']:.2f}"  # "0.35 each"
+    in_text(row, [
+        f"| Hyena @Key {cpu_hy['key']:.2f} / @Query {cpu_hy['query']:.2f}; BaseConv "
+        f"({ms(cpu['atr_8192_base_conv'])}) Key/Value {cpu_bc['key']:.2f} / "
+        f"{cpu_bc['value']:.2f} |",
+        f"BaseConv, seed 42: lr 1e-4 **{bc['0.0001']['accuracy']:.3f}**, Key/Value "
+        f"{two(bc['0.0001'], kv)}; lr 3e-4 {bc['0.0003']['accuracy']:.3f}, "
+        f"{two(bc['0.0003'], kv)}; "
+        f"lr 1e-3 {bc['0.001']['accuracy']:.3f}, {two(bc['0.001'], kv)}; lr 3e-3 "
+        f"{bc['0.003']['accuracy']:.3f}, {two(bc['0.003'], kv)}; lr 3e-5 "
+        f"{bc['3e-05']['accuracy']:.3f}, its answer hardly reacts to the Key (effect "
+        f"{bc['3e-05']['effect']:.2f}, below the filter)",
+        f"seeds 42 / 43 / 44 give {each(bc3, sep=' / ')} (**{accuracy(bc3)}**) with Key/Value "
+        + ", ".join(two(r, kv) for r in bc3) + f" (mean {m(bc3, 'key'):.2f} / "
+        f"{m(bc3, 'value'):.2f}, Value+1 {m(bc3, 'value+1'):.2f})",
+        f"lr 1e-3, seed 42: {hy['0.001']['accuracy']:.3f} (max {peak(hy['0.001']):.3f}), "
+        f"Key/Value/Query {two(hy['0.001'], kvq)}; lr 3e-3: {hy['0.003']['accuracy']:.3f} (max "
+        f"{peak(hy['0.003']):.3f}), {two(hy['0.003'], kvq)}; at 3e-3, the best rate, seeds 43 / "
+        f"44: {each(hy3[1:], sep=' / ')}, {two(hy3[1], kvq)} and {two(hy3[2], kvq)}; the 3 seeds "
+        f"at 3e-3: **{accuracy(hy3)}**, Key/Value/Query " + " / ".join(
+            f"{m(hy3, p):.2f}" for p in kvq),
+        f"| Hyena @Query {paper_hy['query']:.2f} (median pooled over widths and rates); BaseConv "
+        f"({paper_acc(('8192', 'base_conv')):.3f}) {paper_bc['key']:.2f} / "
+        f"{paper_bc['value']:.2f} (the same) |",
+        f"({accuracy(bc3)} at the best rate against {paper_acc(('8192', 'base_conv')):.3f})",
+        f"(the Key barely ahead, {cpu_bc['key']:.2f} against {cpu_bc['value']:.2f}",
+        f"(in seed 42 by {gap:.3f}, 0.35 each to two decimals; mean {m(bc3, 'key'):.2f} / "
+        f"{m(bc3, 'value'):.2f}, Value+1 {m(bc3, 'value+1'):.2f}",
+        "with half the answer still at the Value ("
+        + span([bc[lr]["attrib"]["value"] for lr in ("0.0003", "0.001")]) + ")",
+        f"seeds 42 and 43 lean on the Key ({hy3[0]['attrib']['key']:.2f}, @Query "
+        f"{span([r['attrib']['query'] for r in hy3[:2]])}), seed 44 on the Query "
+        f"({hy3[2]['attrib']['query']:.2f}, @Key {hy3[2]['attrib']['key']:.2f})",
+        "the CPU preset's seeds split the same way (@Key "
+        + each(cpu["atr_medium_hyena"][:2], lambda r: r["attrib"]["key"], ".2f")
+        + f"; seed 44 @Query {cpu['atr_medium_hyena'][2]['attrib']['query']:.2f})",
+        f"Mean @Query {m(hy3, 'query'):.2f} against {paper_hy['query']:.2f}, with an accuracy "
+        f"{mean(r['accuracy'] for r in hy3) - paper_acc(('medium', 'hyena')):.2f} above the "
+        f"paper's {paper_acc(('medium', 'hyena')):.3f}"])
+    assert f"{hy3[0]['attrib']['key']:.2f}" == f"{hy3[1]['attrib']['key']:.2f}"  # "(0.49,"
+
+
+def test_each_run_the_paper_protocols_prose_quotes_is_recounted(cpu):
+    """"The paper's own protocol", after the every-run table: each run's accuracy, maximum along
+    its curve, wall minutes and Attribs as the prose quotes them, and the protocol's settings."""
+    text = section("## The paper's own protocol")
+    pp = protocol_runs()
+    one = lambda name: f"{pp[name]['accuracy']:.3f}"
+    acc = lambda name, sep, *lrs: sep.join(one(name.format(lr)) for lr in lrs)  # rate by rate
+    a = lambda name, p: f"{pp[name]['attrib'][p]:.2f}"
+    wall = lambda name: f"{minutes(pp[name]['wall_time_s'])} min"
+    paper = lambda k: collect.PAPER["atr_accuracy"][k][collect.WIDTHS.index(64)]
+    # the protocol: documents, batch, schedule, steps per task
+    configs = {f: json.load(open(os.path.join(RUNS, "paper_protocol", f, "config.json")))
+               for f in pp}
+    steps = {c["task"]: c["epochs"] * c["n_train"] // c["batch_size"] for c in configs.values()}
+    assert {(c["n_train"], c["batch_size"], c["warmup_frac"], c["schedule"], c["fresh_data"])
+            for c in configs.values()} == {(100032, 32, 0.1, "cosine", False)}
+    wanted = [f"(100,032 fixed documents, batch 32, 10 % warmup then cosine; {steps['ar']:,} "
+              f"steps on AR, {steps['atr']:,} on ATR)"]
+    # Attention on ATR easy, and its CPU preset now
+    att = "atr_easy_attention_lr{}_s42"
+    now = {t: cpu[f"atr_{t}_attention"] for t in ("easy", "medium", "8192")}
+    walls = [x["wall_time_s"] for rs in now.values() for x in rs]
+    preset = json.load(open(os.path.join(RUNS, "cpu_preset", "atr_easy_attention_s42",
+                                         "config.json")))
+    mamba_preset = json.load(open(os.path.join(RUNS, "cpu_preset", "atr_easy_mamba_dconv0_s42",
+                                               "config.json")))
+    hold = 1 - mamba_preset["warmup_frac"] - mamba_preset["decay_frac"]
+    wanted += [f"closes most of Attention's ATR gap ({one(att.format('0.001'))} against the",
+               f"{preset['warmup_frac'] * preset['steps']:,.0f} warmup steps "
+               f"{cpu['atr_easy_attention'][0]['accuracy']:.3f} (induction, @Value "
+               f"{cpu['atr_easy_attention'][0]['attrib']['value']:.2f})",
+               f"(3 seeds: easy {ms(now['easy'])}, medium {ms(now['medium'])}, Σ8192 "
+               f"{ms(now['8192'])}; above), at {minutes(min(walls), '1')}–"
+               f"{minutes(max(walls), '1')} minutes a run",
+               f"holds its peak rate for {hold:.0%} of its 15k steps".replace("%", " %")]
+    # Mamba on AR
+    mam = "ar_mamba_lr{}_s42"
+    s = lambda seed: f"ar_mamba_lr0.01_s{seed}"
+    wanted += [f"reached with seed 44 ({one(s(44))} at lr 1e-2, the paper's 0.806)",
+               f"at that rate ({one(s(42))}, {one(s(43))}) nor with seed 42 at "
+               f"3e-3 and 1e-3 ({acc(mam, ', ', '0.003', '0.001')})",
+               f"through the conv at Value+1 (C5; {pp[s(42)]['conv']['value+1']:.2f} and "
+               f"{pp[s(43)]['conv']['value+1']:.2f})",
+               f"Mamba learns nothing ({one(mam.format('0.03'))} after "
+               f"{steps['ar'] // 1000}k steps)"]
+    # Attention's rates and seeds
+    at3 = [f"atr_easy_attention_lr0.001_s{x}" for x in SEEDS]
+    wanted += [f"stays 1e-3 ({one(att.format('0.001'))}): at 3e-4 it reaches "
+               f"{one(att.format('0.0003'))} "
+               f"by the same induction at the Value (@Value {a(att.format('0.0003'), 'value')}), "
+               f"at 3e-3 {one(att.format('0.003'))} without it",
+               "Its three seeds at 1e-3 give " + " / ".join(one(f) for f in at3),
+               "(@Value " + " / ".join(a(f, "value") for f in at3) + ")"]
+    # Hyena on ATR medium
+    hy = "atr_medium_hyena_lr{}_s{}"
+    h1, h3 = hy.format("0.001", 42), [hy.format("0.003", x) for x in SEEDS]
+    kqv = lambda f: (f"@Key {a(f, 'key')}, @Query {a(f, 'query')}, @Value {a(f, 'value')}")
+    cpu_hy = cpu["atr_medium_hyena"]
+    cpu_means = collect.passing_means(cpu_hy)
+    three = mean(pp[f]["accuracy"] for f in h3)
+    wanted += [f"seed 42 ({wall(h1)}, three runs on the 2 cores): {one(h1)} (max "
+               f"{peak(pp[h1]):.3f}; the paper's {paper(('medium', 'hyena')):.3f} at d = 64, the "
+               f"CPU preset's {ms(cpu_hy)}), its association read at the Key ({kqv(h1)}; effect "
+               f"{pp[h1]['effect']:.2f}), the CPU preset's split ({cpu_means['key']:.2f} / "
+               f"{cpu_means['query']:.2f})",
+               f"{minutes(pp[h3[0]]['wall_time_s'])} min of wall time recorded) Hyena ends at "
+               f"{one(h3[0])} (max {peak(pp[h3[0]]):.3f})",
+               f"the same split ({kqv(h3[0])}; effect "
+               f"{pp[h3[0]]['effect']:.2f})",
+               f"at 3e-3 ({minutes(pp[h3[1]]['wall_time_s'])} and "
+               f"{minutes(pp[h3[2]]['wall_time_s'])} min, two runs on the 2 cores) end at "
+               f"{one(h3[1])} and {one(h3[2])} (max {peak(pp[h3[1]]):.3f} and "
+               f"{peak(pp[h3[2]]):.3f})",
+               f"seeds, {three - paper(('medium', 'hyena')):.2f} above the paper's "
+               f"{paper(('medium', 'hyena')):.3f} and "
+               f"{three - mean(x['accuracy'] for x in cpu_hy):.2f} above the CPU preset's "
+               f"{ms(cpu_hy)}",
+               f"Seed 43 splits as seed 42 does ({kqv(h3[1])})",
+               f"mostly at the Query (@Query {a(h3[2], 'query')}, @Key {a(h3[2], 'key')}, @Value "
+               f"{a(h3[2], 'value')})",
+               "(@Key " + each(cpu_hy[:2], lambda x: x["attrib"]["key"], ".2f", " and ")
+               + f"; seed 44 @Query {cpu_hy[2]['attrib']['query']:.2f}), so the longer",
+               f"same in all three ({span([pp[f]['effect'] for f in h3])})"]
+    assert "(@Key 0.49, @Query 0.35, @Value 0.00; effect" in text  # kqv's order, seed 42 at 3e-3
+    # BaseConv on Σ8192
+    bc = "atr_8192_base_conv_lr{}_s{}"
+    b = {lr: bc.format(lr, 42) for lr in ("0.0001", "0.0003", "0.001", "0.003", "3e-05")}
+    b3 = [bc.format("0.0001", x) for x in SEEDS]
+    cpu_bc = collect.passing_means(cpu["atr_8192_base_conv"])
+    pb = collect.PAPER["atr_mechanism"]["8192", "base_conv"]
+    kv = lambda f, ps=("key", "value"): " / ".join(a(f, p) for p in ps)
+    wanted += [f"lr 1e-3, seed 42: {one(b['0.001'])}, the paper's "
+               f"{paper(('8192', 'base_conv')):.3f}, and the CPU preset's "
+               f"{ms(cpu['atr_8192_base_conv'])}",
+               f"({a(b['0.001'], 'key')} against {a(b['0.001'], 'value')}; the CPU preset "
+               f"{cpu_bc['key']:.2f} / {cpu_bc['value']:.2f}; the paper {pb['key']:.2f} / "
+               f"{pb['value']:.2f})",
+               f"restore a third of the answer, {a(b['0.001'], 'value+1')} and "
+               f"{a(b['0.001'], 'divider')})",
+               f"At lr 3e-3 it ends at {one(b['0.003'])}",
+               f"@Key {a(b['0.003'], 'key')}, @Value {a(b['0.003'], 'value')}, with Value+1 "
+               f"restoring {a(b['0.003'], 'value+1')} and the divider {a(b['0.003'], 'divider')}",
+               f"At lr 3e-4 it is best ({one(b['0.0003'])}, max {peak(pp[b['0.0003']]):.3f}) "
+               f"with the same overlap: @Key {a(b['0.0003'], 'key')}, @Value "
+               f"{a(b['0.0003'], 'value')}, Value+1 {a(b['0.0003'], 'value+1')}, the divider "
+               f"{a(b['0.0003'], 'divider')}",
+               "(" + ", ".join(one(b[lr]) for lr in ("0.003", "0.001", "0.0003")) + ")",
+               f"the paper's accuracy + "
+               f"{pp[b['0.0001']]['accuracy'] - paper(('8192', 'base_conv')):.2f}, with the Key "
+               f"and the Value equal ({a(b['0.0001'], 'key')} each), Value+1 "
+               f"{a(b['0.0001'], 'value+1')} and the divider {a(b['0.0001'], 'divider')}",
+               f"(effect {pp[b['3e-05']]['effect']:.2f}, below the filter; Key / Value / Value+1 "
+               f"{kv(b['3e-05'], ('key', 'value', 'value+1'))})",
+               f"({one(b3[1])} and {one(b3[2])}, max {peak(pp[b3[1]]):.3f} and "
+               f"{peak(pp[b3[2]]):.3f}; "
+               + " and ".join(f"{at('paper_protocol', f, 15000):.3f}" for f in b3[1:])
+               + " at step 15k",
+               f"the paper's 0.559 + "
+               f"{mean(pp[f]['accuracy'] for f in b3) - paper(('8192', 'base_conv')):.2f})",
+               "Value+1 " + " and ".join(kv(f, ("key", "value", "value+1")) for f in b3[1:])
+               + " (the divider " + " and ".join(a(f, "divider") for f in b3[1:]) + ")"]
+    assert a(b["0.0001"], "key") == a(b["0.0001"], "value")  # "equal"
+    # Mamba without its conv on ATR easy (C7)
+    d0 = "atr_easy_mamba_dconv0_lr{}_s{}"
+    m1, m3, m10 = (d0.format(lr, 42) for lr in ("0.001", "0.003", "0.01"))
+    m3s = [d0.format("0.003", x) for x in SEEDS]
+    cpu_d0 = cpu["atr_easy_mamba_dconv0"]
+    vq = lambda f: f"@Value {a(f, 'value')}, @Query {a(f, 'query')}, @Key {a(f, 'key')}"
+    wanted += [f"lr 1e-3, seed 42: {one(m1)}, and its answer is stored at the Value "
+               f"({vq(m1)}), closer to the paper's ≈ 1 than the CPU preset's "
+               f"{collect.passing_means(cpu_d0)['value']:.2f} "
+               f"({span([x['attrib']['value'] for x in cpu_d0])})",
+               f"({one(m3)}, the best of the two rates) with the same split: {vq(m3)}",
+               f"accuracy falls a little ({one(m10)}, max {peak(pp[m10]):.3f}) but the "
+               f"mechanism is the paper's: @Value {a(m10, 'value')}, @Key {a(m10, 'key')}, "
+               f"@Query {a(m10, 'query')}",
+               f"wholly at 1e-2, {a(m1, 'value')}–{a(m3, 'value')} at the two lower rates",
+               f"seeds 43 and 44 give {one(m3s[1])} and {one(m3s[2])} (the 3 "
+               f"seeds: {collect.mean_sd(pp[f]['accuracy'] for f in m3s)}) with @Value "
+               f"{a(m3s[1], 'value')} and {a(m3s[2], 'value')} (the rest at the Query: "
+               f"{a(m3s[1], 'query')}, {a(m3s[2], 'query')})",
+               f"(readings on {collect.mech.DYNAMICS_DOCS} documents)",
+               f"against 1e-3's {each(cpu_d0, sep=' / ')} and "
+               + each(cpu_d0, lambda x: x["attrib"]["value"], ".2f", " / ")]
+    in_text(text, wanted)
 
 
 def test_todays_mixers_table_reads_each_layers_conv(records):
