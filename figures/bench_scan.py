@@ -10,7 +10,8 @@ pure-PyTorch scans, all in one process:
 - "parallel": a log-depth parallel scan in pure PyTorch, the idea of mamba.py's pscan
   (alxndrTL/mamba.py; Hillis-Steele's form here, not its in-place Blelloch sweeps);
 at (b, l, d, n) = (32, 37, 128, 16), the paper's shape for d_model 64, and at l = 400 and 1024,
-as Mamba passes them (u, delta, z transposed views; D, z, delta_bias and softplus on); then one
+as Mamba passes them (u, delta, z transposed views; D, z, delta_bias and softplus on): forward,
+backward (the kernels only: through a graph kept from one forward) and both; then one
 training step of a 2-layer d_model 64 Mamba on AR (batch 32) with each kernel, and the largest
 difference between the two kernels on a Mamba layer's forward and backward. Not a test.
 """
@@ -115,6 +116,10 @@ def scan_fns(kernels, shape, slow: bool):
         fns[name + " fwd"] = wrap(lambda fn=fn, kwargs=kwargs: fn(**kwargs))
         fns[name + " fwd+bwd"] = wrap(lambda fn=fn, kwargs=kwargs: torch.autograd.grad(
             fn(**kwargs), leaves, G))
+        if name in kernels:  # the backward alone, through a graph kept from one forward
+            out = wrap(lambda fn=fn, kwargs=kwargs: fn(**kwargs))()
+            fns[name + " bwd"] = wrap(lambda out=out: torch.autograd.grad(out, leaves, G,
+                                                                         retain_graph=True))
     return fns
 
 
@@ -169,10 +174,10 @@ def main(argv=None):
     print("\n| " + " | ".join(cols) + " |\n|---|---|" + "---:|" * (len(cols) - 2))
     for shape in SHAPES:
         med = rounds(scan_fns(kernels, shape, not args.no_slow), args.repeats)
-        for timing in ("fwd", "fwd+bwd"):
+        for timing in ("fwd", "bwd", "fwd+bwd"):
             row = [f"{1e3 * med[f'{k} {timing}']:,.1f}" for k in kernels]
-            row += [f"{med[f'{k} {timing}'] / med[f'new {timing}']:.2f}"
-                    for k in ["old", "ref", "parallel"] if f"{k} {timing}" in med]
+            row += [f"{med[f'{k} {timing}'] / med[f'new {timing}']:.2f}" if f"{k} {timing}" in med
+                    else "" for k in ratios]
             print(f"| {shape} | {timing} | " + " | ".join(row) + " |")
     med = rounds({k: train_step_fn(m) for k, m in kernels.items()}, args.repeats, warmup=2)
     print("\nMamba training step, 2 layers, d_model 64, AR, batch 32: "
