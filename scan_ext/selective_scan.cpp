@@ -84,8 +84,8 @@ template <typename T, bool keep> void recur(const Problem& p, const Group<T>& g,
   for (int64_t t = 0; t < p.l; ++t) {
     const T *dt = &g.dt[t * W], *x = &g.x[t * W];
     const T *Bt = cptr<T>(p.B) + (g.row * p.l + t) * n, *Ct = cptr<T>(p.C) + (g.row * p.l + t) * n;
-    // the step's decays first, in a loop of their own: the vector exp is a call, across which
-    // the recurrence's registers would be saved (measured 1.04-1.25x slower, figures/bench_scan.py)
+    // the step's decays first, in a loop of their own: the vector exp is a call, across which the
+    // recurrence's registers would be saved (so: 1.04-1.25x slower at bench_scan.py's shapes)
     T* a = E + keep * t * n * W;
     for (int64_t k = 0; k < n; ++k)
 #pragma omp simd
