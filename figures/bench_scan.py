@@ -5,12 +5,15 @@ pure-PyTorch scans, all in one process:
 
 - "new": this checkout's scan_ext/ kernel; "old": the kernel of the checkout given with --old
   (built from its scan_ext/*.cpp into a cache folder of its own, run through this loader's
-  autograd op); each timed in rounds that alternate the backends, so that a noisy host hits all;
+  autograd op); the two timed in rounds that alternate them, so that a noisy host hits both;
 - "ref": mech.selective_scan_ref, the loop with mamba-ssm's selective_scan_ref semantics;
 - "parallel": a log-depth parallel scan in pure PyTorch, the idea of mamba.py's pscan
-  (alxndrTL/mamba.py; Hillis-Steele's form here, not its in-place Blelloch sweeps);
+  (alxndrTL/mamba.py; Hillis-Steele's form here, not its in-place Blelloch sweeps); these two in
+  rounds of their own, after the kernels' (their gigabytes of temporaries slowed the kernels
+  timed beside them: a backward timed slower than forward and backward together);
 at (b, l, d, n) = (32, 37, 128, 16), the paper's shape for d_model 64, and at l = 400 and 1024,
-as Mamba passes them (u, delta, z transposed views; D, z, delta_bias and softplus on); then one
+as Mamba passes them (u, delta, z transposed views; D, z, delta_bias and softplus on): forward,
+backward (the kernels only: through a graph kept from one forward) and both; then one
 training step of a 2-layer d_model 64 Mamba on AR (batch 32) with each kernel, and the largest
 difference between the two kernels on a Mamba layer's forward and backward. Not a test.
 """
@@ -115,6 +118,10 @@ def scan_fns(kernels, shape, slow: bool):
         fns[name + " fwd"] = wrap(lambda fn=fn, kwargs=kwargs: fn(**kwargs))
         fns[name + " fwd+bwd"] = wrap(lambda fn=fn, kwargs=kwargs: torch.autograd.grad(
             fn(**kwargs), leaves, G))
+        if name in kernels:  # the backward alone, through a graph kept from one forward
+            out = wrap(lambda fn=fn, kwargs=kwargs: fn(**kwargs))()
+            fns[name + " bwd"] = wrap(lambda out=out: torch.autograd.grad(
+                out, leaves, G, retain_graph=True))
     return fns
 
 
@@ -168,11 +175,13 @@ def main(argv=None):
             *(f"{k} / new" for k in ratios)]
     print("\n| " + " | ".join(cols) + " |\n|---|---|" + "---:|" * (len(cols) - 2))
     for shape in SHAPES:
-        med = rounds(scan_fns(kernels, shape, not args.no_slow), args.repeats)
-        for timing in ("fwd", "fwd+bwd"):
+        fns = scan_fns(kernels, shape, not args.no_slow)
+        med = rounds({k: f for k, f in fns.items() if k.split()[0] in kernels}, args.repeats)
+        med |= rounds({k: f for k, f in fns.items() if k.split()[0] not in kernels}, args.repeats)
+        for timing in ("fwd", "bwd", "fwd+bwd"):
             row = [f"{1e3 * med[f'{k} {timing}']:,.1f}" for k in kernels]
-            row += [f"{med[f'{k} {timing}'] / med[f'new {timing}']:.2f}"
-                    for k in ["old", "ref", "parallel"] if f"{k} {timing}" in med]
+            row += [f"{med[f'{k} {timing}'] / med[f'new {timing}']:.2f}" if f"{k} {timing}" in med
+                    else "" for k in ratios]
             print(f"| {shape} | {timing} | " + " | ".join(row) + " |")
     med = rounds({k: train_step_fn(m) for k, m in kernels.items()}, args.repeats, warmup=2)
     print("\nMamba training step, 2 layers, d_model 64, AR, batch 32: "

@@ -1,18 +1,12 @@
-"""The compiled selective scan: the loader of the kernels in this folder, and their autograd op.
+"""The compiled selective scan: the loader of this folder's kernels, and their autograd op.
 
-mech.py shows the scan as a readable loop (selective_scan_ref) and reaches this fast path through
-one call, kernel(device, required). The kernels only make that loop fast:
-    selective_scan.cpp        forward and backward on the CPU
-    binding.cpp               the torch binding of both kernels
-    selective_scan_cuda.cu    the same on CUDA, built only where torch sees a GPU and nvcc exists
 torch.utils.cpp_extension.load compiles them on first use (about a minute) in a folder named after
-the sources, the flags, the CPU and torch ($MECH_SCAN_CACHE/<key>/, else ~/.cache/mech_scan/<key>/).
+the sources, the flags, the CPU and torch: $MECH_SCAN_CACHE/<key>/, else ~/.cache/mech_scan/<key>/.
 """
 import fcntl
 import hashlib
 import importlib.util
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -28,7 +22,7 @@ _warned = False
 
 
 class BuildError(RuntimeError):
-    """The kernel cannot be had here, in one line: no compiler, a failed build, a hung lock."""
+    """Why the kernel cannot be had here, in one line."""
 
 
 def flags(cuda: bool) -> dict:
@@ -39,10 +33,10 @@ def flags(cuda: bool) -> dict:
 
 def cache_dir(cuda: bool) -> str:
     """The build folder of these sources and flags on this CPU (-march=native code runs only on
-    CPUs like this one) and this torch."""
+    CPUs like it) and this torch."""
     with open("/proc/cpuinfo") if os.path.exists("/proc/cpuinfo") else open(os.devnull) as f:
         cpu = next((line for line in f if line.startswith(("flags", "Features"))), "")
-    key = hashlib.sha1(repr((flags(cuda), platform.processor(), cpu, torch.__version__)).encode())
+    key = hashlib.sha1(repr((flags(cuda), cpu, torch.__version__)).encode())
     for name in SOURCES:
         with open(os.path.join(HERE, name), "rb") as f:
             key.update(f.read())
@@ -51,38 +45,29 @@ def cache_dir(cuda: bool) -> str:
 
 
 def load():
-    """The compiled extension (built on first use, then taken from the cache), or BuildError. Only
-    a build failure becomes BuildError: anything else (Ctrl-C, a stop signal's exception) goes on
-    up, for a stop must stop."""
+    """The compiled extension, or BuildError. Only a failed build becomes one: Ctrl-C and
+    mech.py's stop signals (KeyboardInterrupts) go on up, for a stop must stop."""
     global _module
     if _module is None:
-        from torch.utils.cpp_extension import CUDA_HOME
-        cuda = torch.cuda.is_available() and CUDA_HOME is not None
         try:
-            _module = build(cache_dir(cuda), cuda)
+            _module = build()
         except (RuntimeError, OSError, ImportError, subprocess.CalledProcessError) as e:
-            failed = isinstance(e.__cause__, subprocess.CalledProcessError)  # torch's build error
-            if not (failed or isinstance(e, (BuildError, OSError, ImportError,
-                                             subprocess.CalledProcessError))):
-                raise
-            _module = BuildError(one_line(str(e)) or type(e).__name__)
+            # a build log's first error line (a compiler's "No space left on device"), not its
+            # last (always ninja's "build stopped: subcommand failed")
+            lines = [s.strip() for s in str(e).strip().splitlines()] or [type(e).__name__]
+            _module = BuildError(next((s for s in lines if "error" in s.lower()
+                                       and not s.startswith("Error building")), lines[-1]))
     if isinstance(_module, BuildError):
         raise _module
     return _module
 
 
-def one_line(log: str) -> str:
-    """A build log's first error line (a compiler's "fatal error: ... No space left on device"),
-    not its last (always "ninja: build stopped: subcommand failed")."""
-    lines = [s.strip() for s in log.strip().splitlines()]
-    return next((s for s in lines if "error" in s.lower() and not s.startswith("Error building")),
-                lines[-1] if lines else "")
-
-
-def build(folder: str, cuda: bool):
-    """The module built in `folder`, holding an exclusive OS lock on it (a killed process leaves
-    none behind, and torch's own lock file, stale whenever we hold ours, is removed)."""
-    name = "mech_scan" + ("_cuda" if cuda else "")
+def build():
+    """The module, built in its cache folder under an OS lock on it: a process killed half way
+    leaves no lock behind (torch's own lock file, stale whenever we hold ours, is removed)."""
+    from torch.utils.cpp_extension import CUDA_HOME, load as torch_load
+    cuda = torch.cuda.is_available() and CUDA_HOME is not None
+    folder, name = cache_dir(cuda), "mech_scan" + ("_cuda" if cuda else "")
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "mech.lock"), "w") as lock:
         for waited in range(2 * LOCK_WAIT_S + 1):  # half seconds
@@ -98,7 +83,7 @@ def build(folder: str, cuda: bool):
         else:
             raise BuildError(f"another process has held {lock.name} for {LOCK_WAIT_S} s")
         so = os.path.join(folder, name + ".so")
-        if os.path.exists(so):  # built before (the folder is named after the sources): no compiler
+        if os.path.exists(so):  # built before: imported as it is, without a compiler
             spec = importlib.util.spec_from_file_location(name, so)
             module = importlib.util.module_from_spec(spec)
             try:
@@ -106,27 +91,25 @@ def build(folder: str, cuda: bool):
                 return module
             except ImportError:  # a link killed half way: build it again
                 os.remove(so)
-        compiler = os.environ.get("CXX", "c++")
-        if shutil.which(compiler) is None:
-            raise BuildError(f"no C++ compiler: {compiler!r} is not on the PATH (set CXX or "
-                             "install g++)")
+        cxx = os.environ.get("CXX", "c++")
+        if shutil.which(cxx) is None:  # else the one line would be ninja's
+            raise BuildError(f"no C++ compiler: {cxx!r} is not on the PATH (set CXX or install "
+                             "g++)")
         if os.path.exists(os.path.join(folder, "lock")):
             os.remove(os.path.join(folder, "lock"))
         sources = [s for s in SOURCES if cuda or "cuda" not in s]
-        for s in sources:  # copies: a checkout's edits must not rebuild the cached one
+        for s in sources:  # copies: the build is of the sources the folder is named after
             shutil.copyfile(os.path.join(HERE, s), os.path.join(folder, s))
         print(f"mech.py: building the selective-scan kernel (about a minute, once; cached in "
               f"{folder})", file=sys.stderr, flush=True)
-        from torch.utils.cpp_extension import load as torch_load
         return torch_load(name=name, sources=[os.path.join(folder, s) for s in sources
                                               if not s.endswith(".h")],
-                          build_directory=folder, verbose=False, **flags(cuda))
+                          build_directory=folder, **flags(cuda))
 
 
 def kernel(device: torch.device, required: bool):
-    """The compiled scan as a function with selective_scan_ref's signature, for tensors on
-    `device`. If it cannot be had: RuntimeError when required, else None after a one-line warning
-    (once)."""
+    """The compiled scan, with selective_scan_ref's signature, for tensors on `device`. If it
+    cannot be had: RuntimeError when required, else None after a one-line warning (once)."""
     global _warned
     try:
         ext = load()
@@ -146,7 +129,7 @@ def kernel(device: torch.device, required: bool):
 class SelectiveScanFn(torch.autograd.Function):
     """The kernels' forward and backward as one autograd op. They take B and C as (b, l, n)
     contiguous: Mamba's are (b, n, l) views of slices of x_proj's output, so this copies them (each
-    b·l·n numbers, small beside u's b·d·l)."""
+    b·l·n numbers, small beside u's b·d·l). bf16 and fp16 are computed in fp32, as upstream."""
 
     @staticmethod
     def forward(ctx, u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False):
@@ -156,15 +139,15 @@ class SelectiveScanFn(torch.autograd.Function):
                 raise ValueError(f"scan extension: {name} must be per token, (b, n, l) = "
                                  f"{(b, n, l)}, not {tuple(M.shape)} (constant and grouped B "
                                  "and C are not supported)")
-        dtype = u.dtype
-        if dtype not in (torch.float32, torch.float64):  # computed in fp32, like upstream
-            u, delta, A, B, C, D, z, delta_bias = (None if x is None else x.float()
-                                                    for x in (u, delta, A, B, C, D, z, delta_bias))
-        A, D, delta_bias = (None if x is None else x.contiguous() for x in (A, D, delta_bias))
-        B, C = B.transpose(1, 2).contiguous(), C.transpose(1, 2).contiguous()  # (b, l, n)
+        ctx.dtype = u.dtype
+        work = u.dtype if u.dtype in (torch.float32, torch.float64) else torch.float32
+        u, delta, z = (None if x is None else x.to(work) for x in (u, delta, z))
+        A, D, delta_bias = (None if x is None else x.to(work).contiguous()
+                            for x in (A, D, delta_bias))
+        B, C = (x.to(work).transpose(1, 2).contiguous() for x in (B, C))  # (b, l, n)
         ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias)
-        ctx.delta_softplus, ctx.dtype = delta_softplus, dtype
-        return load().fwd(u, delta, A, B, C, D, z, delta_bias, delta_softplus).to(dtype)
+        ctx.delta_softplus = delta_softplus
+        return load().fwd(u, delta, A, B, C, D, z, delta_bias, delta_softplus).to(ctx.dtype)
 
     @staticmethod
     @torch.autograd.function.once_differentiable  # the kernel has no double backward

@@ -1,33 +1,27 @@
-// Mamba's selective scan on the CPU (selective_scan_cuda.cu is the GPU's, binding.cpp the torch
-// binding of both). scan_ext/__init__.py compiles these files on first use.
-//
-// The same shape as the CUDA kernel, whose threads each own one (b, d) channel: here a vector
-// lane owns one channel. A task takes a group of G neighbouring channels (one 64-byte vector: 16
-// floats or 8 doubles) and runs them in lock-step, sequential over time, every statement a loop
-// over the G lanes under `omp simd`; lane w keeps its channel's state in h[k][w]. There are no
-// sums across lanes in the time loop, and exp is the library's vector exp (-O3 -ffast-math
-// -fopenmp: glibc's libmvec). Per channel (mamba-ssm's selective_scan_ref, real A, B, C per
-// token), with G_t = ∂loss/∂out_t and g_t = ∂loss/∂h_t:
+// Mamba's selective scan on the CPU, in the shape of selective_scan_cuda.cu: where a CUDA thread
+// owns one (b, d) channel, a vector lane does here. A task runs a group of G neighbouring channels
+// (one 64-byte vector: 16 floats or 8 doubles) in lock-step over time, every statement a loop over
+// the lanes under `omp simd` (exp and log1p: glibc's vector functions); lane w keeps its channel's
+// state in h[k][w]. Per channel (mamba-ssm's selective_scan_ref: real A, B and C per token), with
+// G_t = ∂loss/∂out_t and g_t = ∂loss/∂h_t:
 //
 //   forward:   Δ_t = softplus(delta_t + bias)  (if asked; above 20 the identity),  a_t = exp(Δ_t A)
 //              h_t = a_t ⊙ h_{t-1} + Δ_t u_t B_t  (h_{-1} = 0),  y_t = C_t · h_t + D u_t,
 //              out_t = y_t SiLU(z_t)  (if z is given)
 //   backward:  dy_t = G_t SiLU(z_t),  dz_t = G_t y_t σ(z_t) (1 + z_t (1 - σ(z_t)))  (no z: dy = G),
 //              g_t = dy_t C_t + a_{t+1} ⊙ g_{t+1}  (from t = l-1 down),  dD += dy_t u_t,
-//              du_t = D dy_t + Δ_t Σ_k g_t,k B_t,k,
-//              dΔ_t = Σ_k g_t,k (u_t B_t,k + A_k a_t,k h_{t-1},k),
+//              du_t = D dy_t + Δ_t g_t · B_t,  dΔ_t = g_t · (u_t B_t + A ⊙ a_t ⊙ h_{t-1}),
 //              dA += Δ_t g_t ⊙ a_t ⊙ h_{t-1},  dB_t += Δ_t u_t g_t,  dC_t += dy_t h_t,
 //              ddelta_t = dΔ_t σ(delta_t + bias) with softplus (1 above 20),  dbias += ddelta_t
 //
-// dA, dB, dC, dD and dbias are sums over channels or rows. So that the results do not depend on the
-// number of threads, the backward runs one task per batch row: its groups add dB and dC into
-// per-lane sums, added over the lanes once per row; dA, dD and dbias are written per row, for torch
-// to sum. The backward keeps the forward's h_t and a_t (measured: 1.1-1.5x faster than recomputing
-// the exps at l 400-1024).
+// dA, dB, dC, dD and dbias sum over channels or rows. So that the results do not depend on the
+// number of threads, the backward gives each batch row to one task, which adds its groups' dB and
+// dC per lane, then over the lanes; it writes dA, dD and dbias per row, for binding.cpp to sum.
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
 #include <vector>
 #include "selective_scan.h"
 
@@ -36,29 +30,24 @@ namespace {
 
 template <typename T> constexpr int64_t G = 64 / sizeof(T);  // channels per group, lanes
 
-template <typename T> T* at(const Strided& s, int64_t row, int64_t ch) {  // the (row, ch) series
-  return static_cast<T*>(s.p) + row * s.sb + ch * s.sd;
-}
 template <typename T> const T* cptr(const void* p) { return static_cast<const T*>(p); }
 
-// One group's series, lane-minor: x[t G + w] = u_t of channel d0 + w, and so on. The lanes past
-// the last channel (a tail group, nw < G) read zeros (A, D, bias: the last channel's) and are
-// never written back.
+// One group's series, lane-minor: x[t G + w] = u_t of channel d0 + w, and so on. A tail group's
+// spare lanes (w >= nw) read zeros (A, D, bias: the last channel's) and are never written back.
 template <typename T> struct Group {
   static constexpr int64_t W = G<T>;
   int64_t row = 0, d0 = 0, nw = 0, l, n;
-  std::vector<T> x, dt, dsp, gate, sz, z, A, D;  // A[k W + w] = A of channel d0 + w, D[w]
+  std::vector<T> x, dt, dsp, z, sz, A, D;  // u, Δ, dΔ/ddelta, z, σ(z); A[k G + w], D[w]
   Group(int64_t l_, int64_t n_)
-      : l(l_), n(n_), x(l * W), dt(l * W), dsp(l * W), gate(l * W), sz(l * W), z(l * W),
-        A(n * W), D(W) {}
+      : l(l_), n(n_), x(l * W), dt(l * W), dsp(l * W), z(l * W), sz(l * W), A(n * W), D(W) {}
   void gather(const Strided& s, T* dst) const {  // a (b, d, l) tensor's G channels, all t
-    const T* p = at<T>(s, row, d0);
+    const T* p = static_cast<const T*>(s.p) + row * s.sb + d0 * s.sd;
+    std::fill(dst, dst + l * W, T(0));
     for (int64_t t = 0; t < l; ++t)
-#pragma omp simd
-      for (int64_t w = 0; w < W; ++w) dst[t * W + w] = w < nw ? p[t * s.sl + w * s.sd] : T(0);
+      for (int64_t w = 0; w < nw; ++w) dst[t * W + w] = p[t * s.sl + w * s.sd];
   }
   void scatter(const T* src, const Strided& s) const {
-    T* p = at<T>(s, row, d0);
+    T* p = static_cast<T*>(s.p) + row * s.sb + d0 * s.sd;
     for (int64_t t = 0; t < l; ++t)
       for (int64_t w = 0; w < nw; ++w) p[t * s.sl + w * s.sd] = src[t * W + w];
   }
@@ -83,13 +72,11 @@ template <typename T> struct Group {
     gather(p.z, z.data());
 #pragma omp simd
     for (int64_t i = 0; i < l * W; ++i) sz[i] = T(1) / (T(1) + std::exp(-z[i]));
-#pragma omp simd
-    for (int64_t i = 0; i < l * W; ++i) gate[i] = z[i] * sz[i];
   }
 };
 
 // y[t G + w] = y_t of lane w. With keep, H[((t + 1) n + k) G + w] = h_t,k (row t = -1 the zeros of
-// h_{-1}) and E[(t n + k) G + w] = a_t,k; else H holds only the current h_t and E is not used.
+// h_{-1}) and E[(t n + k) G + w] = a_t,k; else H and E hold only the current step's.
 template <typename T, bool keep> void recur(const Problem& p, const Group<T>& g, T* y, T* H, T* E) {
   constexpr int64_t W = G<T>;
   const int64_t n = p.n;
@@ -97,22 +84,25 @@ template <typename T, bool keep> void recur(const Problem& p, const Group<T>& g,
   for (int64_t t = 0; t < p.l; ++t) {
     const T *dt = &g.dt[t * W], *x = &g.x[t * W];
     const T *Bt = cptr<T>(p.B) + (g.row * p.l + t) * n, *Ct = cptr<T>(p.C) + (g.row * p.l + t) * n;
+    // the step's decays first, in a loop of their own: the vector exp is a call, across which the
+    // recurrence's registers would be saved (so: 1.04-1.25x slower at bench_scan.py's shapes)
+    T* a = E + keep * t * n * W;
+    for (int64_t k = 0; k < n; ++k)
+#pragma omp simd
+      for (int64_t w = 0; w < W; ++w) a[k * W + w] = std::exp(dt[w] * g.A[k * W + w]);
     T yt[W];  // in a register: y[] in memory would make each k wait for the last one's store
 #pragma omp simd
     for (int64_t w = 0; w < W; ++w) yt[w] = g.D[w] * x[w];
     for (int64_t k = 0; k < n; ++k) {
-      const T *A = &g.A[k * W], *hp = H + (keep * t * n + k) * W;
-      T *ht = H + (keep * (t + 1) * n + k) * W, *a = E + keep * (t * n + k) * W;
+      const T *ak = a + k * W, *hp = H + (keep * t * n + k) * W;
+      T* ht = H + (keep * (t + 1) * n + k) * W;
 #pragma omp simd
       for (int64_t w = 0; w < W; ++w) {
-        const T ak = std::exp(dt[w] * A[w]);
-        if (keep) a[w] = ak;
-        ht[w] = ak * hp[w] + dt[w] * x[w] * Bt[k];
+        ht[w] = ak[w] * hp[w] + dt[w] * x[w] * Bt[k];
         yt[w] += Ct[k] * ht[w];
       }
     }
-#pragma omp simd
-    for (int64_t w = 0; w < W; ++w) y[t * W + w] = yt[w];
+    std::copy(yt, yt + W, y + t * W);
   }
 }
 
@@ -121,13 +111,13 @@ template <typename T> void forward(const Problem& p, const Strided& out) {
   const int64_t groups = (p.d + W - 1) / W;
   at::parallel_for(0, p.b * groups, 1, [&](int64_t begin, int64_t end) {
     Group<T> g(p.l, p.n);
-    std::vector<T> y(p.l * W), h(p.n * W);
+    std::vector<T> y(p.l * W), h(p.n * W), a(p.n * W);
     for (int64_t task = begin; task < end; ++task) {
       g.load(p, task / groups, task % groups * W);
-      recur<T, false>(p, g, y.data(), h.data(), nullptr);
+      recur<T, false>(p, g, y.data(), h.data(), a.data());
       if (p.z.p)
 #pragma omp simd
-        for (int64_t i = 0; i < p.l * W; ++i) y[i] *= g.gate[i];
+        for (int64_t i = 0; i < p.l * W; ++i) y[i] *= g.z[i] * g.sz[i];
       g.scatter(y.data(), out);
     }
   });
@@ -142,43 +132,38 @@ void backward(const Problem& p, const Strided& dout, const Strided& du, const St
   const int64_t d = p.d, l = p.l, n = p.n;
   at::parallel_for(0, p.b, 1, [&](int64_t begin, int64_t end) {
     Group<T> g(l, n);
-    std::vector<T> H((l + 1) * n * W), E(l * n * W), dBw(l * n * W), dCw(l * n * W);
-    std::vector<T> y(l * W), dy(l * W), gs(n * W), dA(n * W), du_g(l * W), dd_g(l * W);
+    std::vector<T> H((l + 1) * n * W), E(l * n * W), y(l * W), dy(l * W);
+    std::vector<T> du_g(l * W), dd_g(l * W);
     for (int64_t row = begin; row < end; ++row) {
-      std::fill(dBw.begin(), dBw.end(), T(0));
-      std::fill(dCw.begin(), dCw.end(), T(0));
+      std::vector<T> dBw(l * n * W), dCw(l * n * W);  // the row's dB and dC, per lane
       for (int64_t d0 = 0; d0 < d; d0 += W) {
+        // h_t and a_t are kept for the sweep (recomputing them measured 0.68-0.90x as fast)
         g.load(p, row, d0);
         recur<T, true>(p, g, y.data(), H.data(), E.data());
         g.gather(dout, dy.data());  // G_t, made dy_t
         if (p.z.p)
 #pragma omp simd
           for (int64_t i = 0; i < l * W; ++i) {
-            const T s = g.sz[i];
-            y[i] = dy[i] * y[i] * s * (T(1) + g.z[i] * (T(1) - s));  // y now holds dz
-            dy[i] *= g.gate[i];
+            y[i] = dy[i] * y[i] * g.sz[i] * (T(1) + g.z[i] * (T(1) - g.sz[i]));  // y now holds dz
+            dy[i] *= g.z[i] * g.sz[i];
           }
-        std::fill(gs.begin(), gs.end(), T(0));  // gs[k G + w] holds a_{t+1} g_{t+1}
-        std::fill(dA.begin(), dA.end(), T(0));
+        std::vector<T> gs(n * W), dA(n * W);  // gs[k G + w] holds a_{t+1} g_{t+1}
         T dD[W] = {}, dbias[W] = {};
         for (int64_t t = l - 1; t >= 0; --t) {
           const T *dt = &g.dt[t * W], *x = &g.x[t * W], *dyt = &dy[t * W];
           const T *Bt = cptr<T>(p.B) + (row * l + t) * n, *Ct = cptr<T>(p.C) + (row * l + t) * n;
           T S[W] = {}, AP[W] = {};  // Σ_k g_t,k B_t,k and Σ_k A_k g_t,k a_t,k h_{t-1},k
           for (int64_t k = 0; k < n; ++k) {
-            const T *a = &E[(t * n + k) * W], *hp = &H[(t * n + k) * W], *A = &g.A[k * W];
-            const T* ht = &H[((t + 1) * n + k) * W];
-            T *gk = &gs[k * W], *dAk = &dA[k * W];
-            T *dBk = &dBw[(t * n + k) * W], *dCk = &dCw[(t * n + k) * W];
+            const int64_t i = (t * n + k) * W, j = k * W;  // (t, k) in E, H, dBw, dCw; k in gs, dA
 #pragma omp simd
             for (int64_t w = 0; w < W; ++w) {
-              const T gt = dyt[w] * Ct[k] + gk[w], P = gt * a[w] * hp[w];
+              const T gt = dyt[w] * Ct[k] + gs[j + w], P = gt * E[i + w] * H[i + w];
               S[w] += gt * Bt[k];
-              AP[w] += A[w] * P;
-              dAk[w] += dt[w] * P;
-              dBk[w] += gt * dt[w] * x[w];
-              dCk[w] += dyt[w] * ht[w];
-              gk[w] = a[w] * gt;
+              AP[w] += g.A[j + w] * P;
+              dA[j + w] += dt[w] * P;
+              dBw[i + w] += gt * dt[w] * x[w];
+              dCw[i + w] += dyt[w] * H[i + n * W + w];
+              gs[j + w] = E[i + w] * gt;
             }
           }
 #pragma omp simd
@@ -193,17 +178,14 @@ void backward(const Problem& p, const Strided& dout, const Strided& du, const St
         g.scatter(du_g.data(), du);
         g.scatter(dd_g.data(), ddelta);
         if (p.z.p) g.scatter(y.data(), dz);
-        for (int64_t w = 0; w < g.nw; ++w) {
+        for (int64_t w = 0; w < g.nw; ++w)
           for (int64_t k = 0; k < n; ++k) dA_b[(row * d + d0 + w) * n + k] = dA[k * W + w];
-          dD_b[row * d + d0 + w] = dD[w];
-          dbias_b[row * d + d0 + w] = dbias[w];
-        }
+        std::copy(dD, dD + g.nw, dD_b + row * d + d0);
+        std::copy(dbias, dbias + g.nw, dbias_b + row * d + d0);
       }
       for (int64_t i = 0; i < l * n; ++i) {  // the row's dB and dC: the lanes' sums, added
-        T sb = T(0), sc = T(0);
-        for (int64_t w = 0; w < W; ++w) sb += dBw[i * W + w], sc += dCw[i * W + w];
-        dB[row * l * n + i] = sb;
-        dC[row * l * n + i] = sc;
+        dB[row * l * n + i] = std::accumulate(&dBw[i * W], &dBw[i * W] + W, T(0));
+        dC[row * l * n + i] = std::accumulate(&dCw[i * W], &dCw[i * W] + W, T(0));
       }
     }
   });

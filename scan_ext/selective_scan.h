@@ -1,6 +1,6 @@
 // The problem both kernels solve, in plain pointers and strides: no torch and no CUDA types, so
 // that selective_scan_cuda.cu compiles with nvcc alone, or as C++ (tests/cuda_on_cpu.h), and
-// selective_scan.cpp does all the torch work. Shapes are (b, d, l, n): batch rows, channels,
+// binding.cpp does all the torch work. Shapes are (b, d, l, n): batch rows, channels,
 // steps, state size; A, B, C and D are Mamba's matrices.
 #pragma once
 #include <cstdint>
