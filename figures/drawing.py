@@ -1059,7 +1059,9 @@ def today_mixers(cpu: list, groups: list, out_dir: str) -> list:
         MARKS, filter_note(runs), scale_note(runs),
         "conv_output[l] @Value+1: patching layer l's short conv output at the token after the "
         "Value, over the documents where that token is not the divider; Mamba's and Mamba-2's "
-        "conv sit in Mamba's block, Gated DeltaNet's and KDA's in a Transformer block. "
+        "conv sit in Mamba's block, Gated DeltaNet's and KDA's in a Transformer block. A conv "
+        "may carry the association at another position (Value+2): numbers.md's table gives each "
+        "run's largest conv cell. "
         "x: the paper's numbers for its seven (ar_32.pdf, ar_32_diff, atr.pdf, atr_box.pdf; Mamba "
         "d_conv 0: mamba_ar_32.pdf); today's mixers have none."])
 
