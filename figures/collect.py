@@ -722,6 +722,11 @@ def in_words(r: dict) -> str:
             "key": "retrieval at the Key"}.get(top, "mixed")
 
 
+def counted(words: list) -> str:
+    """Verdicts as "induction ×2, mixed ×1", in the order they first come."""
+    return ", ".join(f"{w} ×{words.count(w)}" for w in dict.fromkeys(words))
+
+
 def class_items(runs_root: str, cpu: list) -> list:
     """Per claim of the class preset, its runs (runs_root/class_preset) and the CPU preset's of the
     same model: accuracy, Key / Value / Query, Mamba's conv_output[0] @Value+1 in each seed ("-":
@@ -738,8 +743,7 @@ def class_items(runs_root: str, cpu: list) -> list:
             if not runs:
                 continue
             verdicts[preset] = sorted(map(in_words, runs))
-            words = ", ".join(f"{w} ×{verdicts[preset].count(w)}"
-                              for w in dict.fromkeys(verdicts[preset]))
+            words = counted(verdicts[preset])
             minutes = np.median([r["wall_time_s"] for r in runs]) / 60
             means = passing_means(runs)
             attribs = "-" if all(np.isnan(list(means.values()))) else attribs_text(means)
@@ -873,13 +877,13 @@ def today_groups(runs_root: str, cpu: list) -> list:
 
 def conv_cell(r: dict) -> str:
     """A run's conv_output @Value+1, layer by layer ("-": no conv)."""
-    cells = [v for v in r.get("conv_value1", []) if v is not None]
+    cells = [v for v in r["conv_value1"] if v is not None]
     return " / ".join(f"{v:.2f}" for v in cells) or "-"
 
 
 def conv_top_cell(r: dict) -> str:
     """The conv cell of a run that restores most, e.g. "[1] @Value+2 0.97" ("-": no conv)."""
-    if r.get("conv_top") is None:
+    if r["conv_top"] is None:
         return "-"
     layer, position, attrib = r["conv_top"]
     return f"[{layer}] @{position.capitalize()} {attrib:.2f}"
@@ -897,14 +901,13 @@ def today_table(runs_root: str, cpu: list) -> str:
         runs = sorted(runs, key=lambda r: r["seed"])
         means = passing_means(runs)
         attribs = "-" if all(np.isnan(list(means.values()))) else attribs_text(means)
-        words = [in_words(r) for r in runs]
-        verdicts = ", ".join(f"{w} ×{words.count(w)}" for w in dict.fromkeys(words))
         effects = [f"{r['effect']:.3f}" for r in runs]
         lines.append(f"| {arch} | {task} | {k} | {', '.join(str(r['seed']) for r in runs)} "
                      f"| {mean_sd(r['accuracy'] for r in runs)} "
                      f"| {', '.join(effects)} | {attribs} "
                      f"| {'; '.join(map(conv_cell, runs))} "
-                     f"| {'; '.join(map(conv_top_cell, runs))} | {verdicts} |")
+                     f"| {'; '.join(map(conv_top_cell, runs))} "
+                     f"| {counted([in_words(r) for r in runs])} |")
     return "\n".join(lines) + "\n"
 
 

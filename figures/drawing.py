@@ -1017,7 +1017,7 @@ def mixed_note(runs: list) -> str:
 def conv_series(layer: int, color: str, marker: str) -> Series:
     """Today's mixers' short conv at Value+1, in one layer (collect.conv_value1)."""
     def value(r):
-        return r.get("conv_value1", [None] * 2)[layer]
+        return r["conv_value1"][layer]
     return Series(f"conv_output[{layer}] @Value+1", color, marker, value,
                   keep=lambda r: value(r) is not None, empty="")
 
