@@ -115,10 +115,6 @@ PAPER = {
     # arXiv 2505.15105v3's abstract, in words (no figure numbers): Mamba without its short conv
     # (d_conv 0) learns Attention-like induction on ATR easy, i.e. Attrib@Value ≈ 1
     "atr_mamba_dconv_claim": {0: 1.0},
-    # ATR's copy-next-token baseline, by setting: predict the token after the Query's last
-    # earlier occurrence (Key+1), measured on the official generator's documents (seed 42, about
-    # 1,000 of them); the 1-layer BaseConv and Based of atr_layers.pdf (App. D.2) sit on it
-    "atr_copy_next_token": {"easy": 0.52, "medium": 0.43, "8192": 0.49},
     # App. D.1, pos_embed.pdf: 2 layers, by (setting, architecture, "PE" or "NoPE"), one learning
     # rate grid (LR5, so Mamba's AR NoPE is below ar_32.pdf's, which adds two rates); no H3 on
     # ATR medium

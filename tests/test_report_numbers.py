@@ -10,6 +10,7 @@ import statistics
 
 import pytest
 
+import mech
 from figures import collect
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -433,6 +434,24 @@ def test_the_prose_of_the_paper_protocol_is_recounted():
     assert not missing, missing
 
 
+def test_the_paper_protocols_threads_are_recounted():
+    """Each run records its threads: the every-run table's wall times are of one thread but for
+    Hyena on AR at d = 256; the runs the queue's log names (cores shared, stops) are runs here."""
+    threads = {f: metrics("paper_protocol", f)["threads"] for f in protocol_runs()}
+    assert {f for f, n in threads.items() if n != 1} == {"ar_hyena_d256_lr0.003_s42",
+                                                        "ar_hyena_d256_lr0.003_s43"}
+    assert set(threads.values()) == {1, 2}
+    named = ["atr_8192_base_conv_lr0.0001_s42", "atr_8192_base_conv_lr0.0001_s43",
+             "atr_8192_base_conv_lr0.0001_s44", "atr_8192_base_conv_lr0.0003_s42",
+             "atr_easy_mamba_dconv0_lr0.003_s43", "atr_easy_mamba_dconv0_lr0.003_s44",
+             "atr_medium_hyena_lr0.003_s43", "atr_medium_hyena_lr0.003_s44",
+             "atr_medium_hyena_lr0.003_s42", "ar_hyena_d128_lr0.01_s42"]
+    assert set(named) <= set(threads)
+    in_text(section("## The paper's own protocol"),
+            ["Wall times are of one thread (each run's `metrics.json` records its threads: one but "
+             "for Hyena on AR at d = 256, two)"])
+
+
 def test_the_class_preset_prose_is_recounted():
     text = section("## The class preset")
     times = class_command_times()
@@ -713,23 +732,42 @@ def test_the_coinciding_positions_on_atr_are_recounted(cpu):
     in_text(text, wanted)
 
 
-def test_the_coinciding_shares_are_recounted(cpu):
-    """"Positions that coincide": how often Value+1 is the divider, from the documents each run's
-    Value+1 cell averages (`n` of 320): ATR easy (Mamba d_conv 3's conv) and medium (Based)."""
-    text = section("## Positions that coincide")
-    share = lambda ns, total: span([100 * (1 - n / total) for n in ns], ".0f")
-    easy = [r["conv_docs"]["value+1"] for r in cpu["atr_easy_mamba_dconv3"]]
-    medium = [next(x["n"] for x in metrics("cpu_preset", r["folder"])["interventions"]["rows"]
-                   if x["corrupted"] == "key" and x["position"] == "value+1"
-                   and (x["site"], x["layer"]) == ("block_input", 1))
-              for r in cpu["atr_medium_based"]]
-    n_eval = {r["n_eval"] for g in ("atr_easy_mamba_dconv3", "atr_medium_based") for r in cpu[g]}
+def test_the_atr_test_documents_are_rebuilt_from_mech(cpu):
+    """The shares of ATR test documents where Value+1 is the divider, and the copy-next-token
+    baseline, on each seed's test documents as mech.py draws them again from the run's config."""
+    shares, copies = {}, {}
+    for setting, arch in (("easy", "mamba_dconv3"), ("medium", "based"), ("8192", "based")):
+        for r in cpu[f"atr_{setting}_{arch}"]:
+            cfg = mech.Config(**json.load(open(os.path.join(RUNS, "cpu_preset", r["folder"],
+                                                            "config.json"))))
+            test = mech.make_task(cfg).sample(cfg.n_eval, mech.rng_for(cfg.seed, "test"),
+                                              split="test")
+            divider = (test.pos["value"] + 1 == test.pos["divider"]).tolist()
+            rows = metrics("cpu_preset", r["folder"])["interventions"]["rows"]
+            distinct = {x.get("n") for x in rows if (x["corrupted"], x["position"], x["site"])
+                        == ("key", "value+1", "block_input")}  # Σ8192's runs: no `n` (None)
+            assert distinct == ({None} if setting == "8192" else {len(divider) - sum(divider)})
+            shares.setdefault(setting, []).append(100 * mean(divider))
+            copies.setdefault(setting, []).append(
+                mean((test.ids[range(len(test)), test.pos["key"] + 1] == test.answer).tolist()))
+    for setting, seeds in copies.items():
+        assert collect.copy_next_token(setting) == pytest.approx(mean(seeds))
+    easy = " / ".join(f"{c:.2f}" for c in copies["easy"])
     pairs = {r["n_pairs"] for r in cpu["ar_mamba"]}
-    assert len(n_eval) == len(pairs) == 1
-    in_text(text, [f"divider (and Value+2 the Query): 1 document in {pairs.pop()}",
-                   f"Value+2 the Query in {share(easy, 320)} % of the test documents on easy and "
-                   f"{share(medium, 320)} % on medium",
-                   f"(counted on the {n_eval.pop()} test documents of seeds 42–44"])
+    assert len(pairs) == 1
+    in_text(section("## Positions that coincide"),
+            [f"divider (and Value+2 the Query): 1 document in {pairs.pop()}",
+             f"{span(shares['easy'], '.0f')} % of the test documents on easy, "
+             f"{span(shares['medium'], '.0f')} % on medium and {span(shares['8192'], '.0f')} % "
+             "on Σ8192 (the 320 test documents of seeds 42–44, rebuilt with mech.py by a test"])
+    in_text(section("### ATR on the CPU"),
+            [f"scores {collect.copy_next_token('easy'):.2f} on the test documents of seeds 42–44 "
+             f"({easy})."])
+    in_text(section("## The paper's other findings"),
+            [f"({easy} for seeds 42 / 43 / 44; their {collect.copy_next_token('easy'):.2f} is the "
+             "figure's dashed line)"])
+    c6 = next(row for row in REPORT.splitlines() if row.startswith("| C6:"))
+    in_text(c6, [f"(the copy-next-token baseline: {collect.copy_next_token('easy'):.2f})"])
 
 
 def test_the_other_findings_prose_is_recounted(cpu):
@@ -1092,7 +1130,7 @@ def test_the_pe_gaps_and_the_atr_dynamics_are_recounted(cpu):
     past = {s: next(p for p in c[s] if "attrib" in p and p["attrib"]["effect"] >= cut)
             for s in SEEDS}
     key = lambda p: p["attrib"]["main"]["key"]
-    copy = collect.PAPER["atr_copy_next_token"]["easy"]  # the copy heuristic's accuracy
+    copy = collect.copy_next_token("easy")  # the copy heuristic's accuracy
     in_text(text, [f"(accuracy {span([p['accuracy'] for p in at1k])} at step 1,000, near its "
                    f"{copy:.2f}; the Key's effect is still under the {cut} filter there",
                    f"sits at the Key, {span([key(p) for p in at1k])}, and still "
@@ -1458,7 +1496,7 @@ def test_the_claims_table_on_atr_is_recounted(cpu, items):
                      f"{means('atr_8192_base_conv')['value']:.2f} against",
                      f"({span(below)} below the paper's after 15 % of its steps;",
                      f"seeds 43 and 44, {h3[1]:.3f} and {h3[2]:.3f}, lie below the "
-                     f"{collect.PAPER['atr_copy_next_token']['8192']:.2f} baseline",
+                     f"{collect.copy_next_token('8192'):.2f} baseline",
                      f"@Value {span(attention)} in each"]}
     # C7: Mamba without its conv, seed by seed, against the conv widths; the paper's protocol
     d0 = cpu["atr_easy_mamba_dconv0"]
