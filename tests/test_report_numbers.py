@@ -766,6 +766,16 @@ def test_the_atr_test_documents_are_rebuilt_from_mech(cpu):
     in_text(section("## The paper's other findings"),
             [f"({easy} for seeds 42 / 43 / 44; their {collect.copy_next_token('easy'):.2f} is the "
              "figure's dashed line)"])
+    itself = []  # the sibling task: documents whose Query is its own rightmost sibling
+    for r in cpu["atr_easy_sibling_mamba_layers2"]:
+        cfg = mech.Config(**json.load(open(os.path.join(RUNS, "cpu_preset", r["folder"],
+                                                        "config.json"))))
+        test = mech.make_task(cfg).sample(cfg.n_eval, mech.rng_for(cfg.seed, "test"), split="test")
+        itself.append(100 * mean((test.pos["key"] == test.pos["value"]).tolist()))
+    in_text(section("### The sibling task"),
+            [f"(itself when none lies to its right: {span(itself, '.0f')} % of the test documents "
+             "of seeds 42–44, rebuilt with mech.py by a test; the paper's "
+             f"{100 * collect.PAPER['atr_sibling_copy_query']:.1f} %)"])
     c6 = next(row for row in REPORT.splitlines() if row.startswith("| C6:"))
     in_text(c6, [f"(the copy-next-token baseline: {collect.copy_next_token('easy'):.2f})"])
 
