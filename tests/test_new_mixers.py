@@ -124,6 +124,14 @@ def test_dconv_sets_the_short_conv_and_its_site(files, name):
     assert ("conv_output", 1) in mech.sites_of(model)
 
 
+def test_mamba2_heads_of_64_where_64_divides_d_inner_else_one(files):
+    x = torch.randn(1, 5, 112, dtype=torch.double)
+    for d, heads in ((16, (1, 32)), (64, (2, 64)), (112, (1, 224))):  # d_inner = 2d
+        m = mixer("mamba2", d=d)
+        assert (m.nheads, m.headdim) == heads
+        assert m(x[..., :d]).shape == (1, 5, d)
+
+
 class RunningMean(nn.Module):  # a control that cannot recall: the mean so far knows no order
     def forward(self, x):
         return x.cumsum(1) / torch.arange(1, x.shape[1] + 1)[:, None]

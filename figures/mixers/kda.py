@@ -3,15 +3,18 @@ Gated DeltaNet with a decay per key channel, not per head. d_k = d_v = d/h; per 
     q, k, v = SiLU(conv(W_q x)), SiLU(conv(W_k x)), SiLU(conv(W_v x))   short convs, no bias
     q, k = q/‖q‖, k/‖k‖;  β_t = sigmoid(W_b x_t);  g_t = -exp(A_log) softplus(f_proj(x_t) + dt_bias)
     S_t = (I - β_t k_t k_tᵀ) Diag(e^{g_t}) S_{t-1} + β_t k_t v_tᵀ,  S_0 = 0    g_t: (d_k,)
-    o_t = S_tᵀ q_t / √d_k;   y = o_proj(RMSNorm(o) ⊙ sigmoid(g_proj(x)))   f_proj, g_proj low-rank
+    o_t = S_tᵀ q_t / √d_k;   y = o_proj(RMSNorm(o) ⊙ sigmoid(g_proj(x)))   f_proj, g_proj: 2 layers
 In chunks of 16 steps: with Γ_t = Σ g_r since the chunk began, S the state before it, and
 a ⋆ b [t, s] = Σ_c a_t[c] b_s[c] e^{Γ_t[c] - Γ_s[c]} (s <= t), every exponent <= 0 (no overflow):
     u = (I + tril(β (k ⋆ k), -1))⁻¹ β (v - (k ⊙ e^Γ) S),     o = (q ⊙ e^Γ) S + tril(q ⋆ k) u,
     S <- e^{Γ_last} ⊙ S + (k ⊙ e^{Γ_last - Γ})ᵀ u
 Official implementation: fla-org/flash-linear-attention, fla/layers/kda.py (KimiDeltaAttention:
-expand_v 1, conv 4 without bias, A uniform in [1, 16], dt_bias 0, q, k l2-normed in the kernel),
-fla/ops/kda/gate.py, fla/ops/kda/naive.py. Differences: one head (mech.py's limit): d_k = d; chunks
-of 16, not 64; fp32, no Triton; conv_output: q, k, v's convs before SiLU; d_conv 0: no convs."""
+expand_v 1, conv 4 without bias, A uniform in [1, 16], dt_bias as Mamba-2's, q, k l2-normed in the
+kernel), fla/ops/kda/gate.py, fla/ops/kda/naive.py. Differences: one head (mech.py's limit):
+d_k = d; chunks of 16, not 64; f_proj and g_proj full rank (their bottleneck is the head width,
+d); fp32, no Triton; conv_output: q, k, v's convs before SiLU; d_conv 0: no convs, SiLU kept."""
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -47,8 +50,11 @@ class KimiDeltaAttention(nn.Module):
         self.sites = {"conv_output": "conv_out"} if d_conv else {}
         self.f_proj = nn.Sequential(nn.Linear(d, dh, bias=False), nn.Linear(dh, d, bias=False))
         self.b_proj = nn.Linear(d, n_head, bias=False)
-        self.A_log = nn.Parameter(torch.log(torch.empty(n_head).uniform_(1, 16)))  # official init
-        self.dt_bias = nn.Parameter(torch.zeros(d))                                # a channel each
+        # official init: A ~ U[1, 16]; softplus(dt_bias) log-uniform in [1e-3, 0.1] (fla, 2026-03)
+        self.A_log = nn.Parameter(torch.log(torch.empty(n_head).uniform_(1, 16)))
+        dt = torch.exp(torch.rand(d) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
+        dt = dt.clamp(min=1e-4)
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus⁻¹(dt)
         self.g_proj = nn.Sequential(nn.Linear(d, dh, bias=False), nn.Linear(dh, d, bias=True))
         self.o_norm = nn.RMSNorm(dh, eps=1e-5)
         self.o_proj = nn.Linear(d, d, bias=False)

@@ -9,8 +9,9 @@ computed in SSD's quadratic (attention-like) form, one chunk as long as the sequ
     y = (L ∘ C Bᵀ)(Δ ⊙ x) + D x,   L[t, s] = exp(a_{s+1} + ... + a_t) for s <= t, else 0.
 Official implementation: state-spaces/mamba, mamba_ssm/modules/mamba2_simple.py (Mamba2Simple: its
 defaults but headdim 64, as mamba2.py's Mamba2; its init of A, dt_bias and D) and
-mamba_ssm/modules/ssd_minimal.py (the chunk's L = exp(segsum(a))). Differences: one chunk, no
-Triton; fp32; no conv parameters when d_conv = 0 (SiLU kept, as mech.Mamba); in Mamba's block
+mamba_ssm/modules/ssd_minimal.py (the chunk's L, as its segsum_unstable: a difference of cumulative
+sums). Differences: one chunk, no Triton; fp32; one head of all of d_inner where 64 does not divide
+it (d = 16: P = 32); no conv parameters when d_conv = 0 (SiLU kept, as mech.Mamba); in Mamba's block
 (RMSNorm, no MLP) with mamba_ssm's init (mamba_block=True), as the paper's wrapper puts Mamba."""
 import math
 
@@ -38,8 +39,9 @@ class Mamba2(nn.Module):
         super().__init__()
         d_in = expand * d
         self.d_inner, self.d_state = d_in, d_state
-        self.nheads = H = max(1, d_in // headdim)             # a narrow model: one head
-        self.headdim = d_in // H                              # all of d_inner, in H heads
+        # heads of headdim where it divides d_inner (the official code asserts it), else one
+        self.nheads = H = d_in // headdim if d_in % headdim == 0 else 1
+        self.headdim = d_in // H
         self.in_proj = nn.Linear(d, 2 * d_in + 2 * d_state + H, bias=False)  # z, x, B, C, dt
         self.conv1d = mech.short_conv(d_in + 2 * d_state, d_conv, bias=True)
         self.conv_out = nn.Identity()                         # the conv's output, before SiLU
