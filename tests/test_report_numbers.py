@@ -732,16 +732,20 @@ def test_the_coinciding_positions_on_atr_are_recounted(cpu):
     in_text(text, wanted)
 
 
+def rebuilt_documents(folder: str) -> "mech.Examples":
+    """A CPU-preset run's test documents, drawn again by mech.py from its config.json."""
+    with open(os.path.join(RUNS, "cpu_preset", folder, "config.json")) as f:
+        cfg = mech.Config(**json.load(f))
+    return mech.make_task(cfg).sample(cfg.n_eval, mech.rng_for(cfg.seed, "test"), split="test")
+
+
 def test_the_atr_test_documents_are_rebuilt_from_mech(cpu):
     """The shares of ATR test documents where Value+1 is the divider, and the copy-next-token
     baseline, on each seed's test documents as mech.py draws them again from the run's config."""
     shares, copies = {}, {}
     for setting, arch in (("easy", "mamba_dconv3"), ("medium", "based"), ("8192", "based")):
         for r in cpu[f"atr_{setting}_{arch}"]:
-            cfg = mech.Config(**json.load(open(os.path.join(RUNS, "cpu_preset", r["folder"],
-                                                            "config.json"))))
-            test = mech.make_task(cfg).sample(cfg.n_eval, mech.rng_for(cfg.seed, "test"),
-                                              split="test")
+            test = rebuilt_documents(r["folder"])
             divider = (test.pos["value"] + 1 == test.pos["divider"]).tolist()
             rows = metrics("cpu_preset", r["folder"])["interventions"]["rows"]
             distinct = {x.get("n") for x in rows if (x["corrupted"], x["position"], x["site"])
@@ -768,9 +772,7 @@ def test_the_atr_test_documents_are_rebuilt_from_mech(cpu):
              "figure's dashed line)"])
     itself = []  # the sibling task: documents whose Query is its own rightmost sibling
     for r in cpu["atr_easy_sibling_mamba_layers2"]:
-        cfg = mech.Config(**json.load(open(os.path.join(RUNS, "cpu_preset", r["folder"],
-                                                        "config.json"))))
-        test = mech.make_task(cfg).sample(cfg.n_eval, mech.rng_for(cfg.seed, "test"), split="test")
+        test = rebuilt_documents(r["folder"])
         itself.append(100 * mean((test.pos["key"] == test.pos["value"]).tolist()))
     in_text(section("### The sibling task"),
             [f"(itself when none lies to its right: {span(itself, '.0f')} % of the test documents "
