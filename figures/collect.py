@@ -870,13 +870,15 @@ def hyena_table(runs_root: str, cpu: list) -> str:
 # ── beyond the paper: today's mixers (figures/mixers/), beside the CPU preset's Mamba ────────
 
 TODAY = ("mamba2", "gated_deltanet", "kda")  # figures/mixers/<name>.py, runs in runs/mixers
+TODAY_LR = 1e-3  # the CPU preset's learning rate: today's table and figure; others, lr_table's
 
 
 def today_groups(runs_root: str, cpu: list) -> list:
     """[(model, task, d_conv, runs)]: per task (AR, ATR easy) the CPU preset's Mamba and each of
-    today's mixers (its runs under runs_root/mixers), with its short conv (the widest run) and
-    without (d_conv 0); the groups with no run are left out."""
-    today = collect(os.path.join(runs_root, "mixers"), lambda m: None)
+    today's mixers (its runs under runs_root/mixers at TODAY_LR), with its short conv (the widest
+    run) and without (d_conv 0); the groups with no run are left out."""
+    today = [r for r in collect(os.path.join(runs_root, "mixers"), lambda m: None)
+             if r["lr"] == TODAY_LR]
     groups = []
     for task in ("ar", "atr easy"):
         for arch in ("mamba",) + TODAY:
@@ -925,11 +927,27 @@ def today_table(runs_root: str, cpu: list) -> str:
     return "\n".join(lines) + "\n"
 
 
+def lr_table(runs_root: str) -> str:
+    """Today's mixers where the CPU preset's learning rate was not the only one tried: per model,
+    task, conv width and seed, the accuracy and verdict at each learning rate."""
+    runs = collect(os.path.join(runs_root, "mixers"), lambda m: None)
+    key = lambda r: (TODAY.index(r["arch"]), task_label(r), r["d_conv"], r["seed"])
+    tried = {key(r) for r in runs if r["lr"] != TODAY_LR}
+    lines = ["| model | task | d_conv | seed | learning rate: accuracy, verdict |",
+             "|---|---|---|---|---|"]
+    for k in sorted(tried):
+        cells = [f"{r['lr']:g}: {r['accuracy']:.3f}, {in_words(r)}"
+                 for r in sorted(runs, key=lambda r: r["lr"]) if key(r) == k]
+        lines.append(f"| {TODAY[k[0]]} | {k[1]} | {k[2]} | {k[3]} | {'; '.join(cells)} |")
+    return "\n".join(lines) + "\n"
+
+
 def generated_tables(runs_root: str, cpu: list) -> dict:
     """{title: markdown} of the report's generated tables, in numbers.md's order."""
     return {"Every run of the paper's protocol": protocol_table(runs_root),
             "C3 for Hyena where the paper's Hyena learns AR": hyena_table(runs_root, cpu),
-            "Beyond the paper: today's mixers": today_table(runs_root, cpu)}
+            "Beyond the paper: today's mixers": today_table(runs_root, cpu),
+            "Today's mixers at other learning rates": lr_table(runs_root)}
 
 
 def numbers_md(items: list, tables: dict) -> str:

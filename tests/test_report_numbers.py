@@ -2115,6 +2115,24 @@ def test_todays_mixers_table_reads_each_layers_conv(records):
             assert r["conv_value1"] == [cells.get(layer) for layer in range(r["n_layer"])]
 
 
+def test_todays_table_keeps_the_presets_learning_rate_and_the_others_have_their_own(records):
+    """Today's table and figure hold the runs at the CPU preset's learning rate; every run at
+    another is a cell of the learning-rate table, beside the preset's run of the same seed."""
+    groups = collect.today_groups(RUNS, records)
+    assert {r["lr"] for arch, *_, runs in groups if arch != "mamba" for r in runs} == {1e-3}
+    others = [r for r in collect.collect(os.path.join(RUNS, "mixers"), lambda m: None)
+              if r["lr"] != 1e-3]
+    assert others
+    table = collect.lr_table(RUNS)
+    for r in others:
+        row = next(row for row in table.splitlines() if row.startswith(
+            f"| {r['arch']} | {collect.task_label(r)} | {r['d_conv']} | {r['seed']} |"))
+        assert f"{r['lr']:g}: {r['accuracy']:.3f}, {collect.in_words(r)}" in row
+        assert "0.001: " in row  # the preset's own run of that seed
+    seeds = {(r["arch"], collect.task_label(r), r["d_conv"], r["seed"]) for r in others}
+    assert len(table.splitlines()) == 2 + len(seeds)  # and no other row
+
+
 def test_todays_mixers_are_drawn_beside_the_seven(records, tmp_path):
     from figures import drawing
     groups = collect.today_groups(RUNS, records)
