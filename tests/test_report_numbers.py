@@ -2144,6 +2144,15 @@ def test_todays_mixers_are_drawn_beside_the_seven(records, tmp_path):
     assert not os.path.exists(path)
 
 
+def test_todays_run_minutes_are_recounted():
+    """The median minutes a run of each of today's mixers took, over all its committed runs."""
+    runs = collect.collect(os.path.join(RUNS, "mixers"), lambda m: None)
+    section = one_line(REPORT.split("## Beyond the paper: today's mixers\n", 1)[1])
+    for arch, name in zip(collect.TODAY, ("Mamba-2", "Gated DeltaNet", "KDA")):
+        walls = [r["wall_time_s"] for r in runs if r["arch"] == arch]
+        assert f"{minutes(statistics.median(walls))} min ({name})" in section, name
+
+
 def test_todays_mixers_prose_quotes_its_table(records):
     """Every number in a mixer's words below the table of "Beyond the paper" is a whole number of
     that mixer's rows or Mamba's."""
