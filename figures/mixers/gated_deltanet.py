@@ -11,7 +11,11 @@ Official implementation: fla-org/flash-linear-attention, fla/layers/gated_deltan
 kernel, A uniform in [0, 16], dt_bias as Mamba-2's); fla/ops/gated_delta_rule/gate.py (the gate).
 Differences: one head (mech.py's limit): d_k = d, not 0.75 d; one chunk solved exactly, no Triton;
 fp32; the three convs' outputs side by side are the site conv_output (before SiLU); d_conv 0: no
-convs, SiLU kept (as fla without its short conv)."""
+convs, SiLU kept (as fla without its short conv). Its model is mech.py's, not fla's
+GatedDeltaNetModel: a LayerNorm-GELU-MLP block (fla: RMSNorm, SwiGLU) and zoology's init, where
+fla draws every Linear and Conv1d from N(0, 0.02) (here the convs keep PyTorch's default init);
+o_norm's eps is the layer's default 1e-5 (fla's models pass norm_eps 1e-6); A_log and dt_bias
+are not marked _no_weight_decay (no effect at the paper's weight decay 0)."""
 import math
 
 import torch

@@ -12,7 +12,11 @@ Official implementation: fla-org/flash-linear-attention, fla/layers/kda.py (Kimi
 expand_v 1, conv 4 without bias, A uniform in [1, 16], dt_bias as Mamba-2's, q, k l2-normed in the
 kernel), fla/ops/kda/gate.py, fla/ops/kda/naive.py. Differences: one head (mech.py's limit):
 d_k = d; chunks of 16, not 64; f_proj and g_proj full rank (their bottleneck is the head width,
-d); fp32, no Triton; conv_output: q, k, v's convs before SiLU; d_conv 0: no convs, SiLU kept."""
+d); fp32, no Triton; conv_output: q, k, v's convs before SiLU; d_conv 0: no convs, SiLU kept.
+Its model is mech.py's, not fla's KDAModel: a LayerNorm-GELU-MLP block (fla: RMSNorm, SwiGLU) and
+zoology's init, where fla draws every Linear and Conv1d from N(0, 0.02) (here the convs keep
+PyTorch's default init); o_norm's eps is the layer's default 1e-5 (fla's models pass norm_eps
+1e-6); A_log and dt_bias are not marked _no_weight_decay (no effect at weight decay 0)."""
 import math
 
 import torch

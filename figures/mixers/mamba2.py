@@ -12,7 +12,8 @@ defaults but headdim 64, as mamba2.py's Mamba2; its init of A, dt_bias and D) an
 mamba_ssm/modules/ssd_minimal.py (the chunk's L, as its segsum_unstable: a difference of cumulative
 sums). Differences: one chunk, no Triton; fp32; one head of all of d_inner where 64 does not divide
 it (d = 16: P = 32); no conv parameters when d_conv = 0 (SiLU kept, as mech.Mamba); in Mamba's block
-(RMSNorm, no MLP) with mamba_ssm's init (mamba_block=True), as the paper's wrapper puts Mamba."""
+(RMSNorm, no MLP) with mamba_ssm's init (mamba_block=True), as the paper's wrapper puts Mamba.
+A_log, dt_bias and D are not marked _no_weight_decay (no effect at the paper's weight decay 0)."""
 import math
 
 import torch
