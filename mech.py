@@ -436,6 +436,7 @@ class Mamba(nn.Module):
     Official implementation: state-spaces/mamba, mamba_ssm/modules/mamba_simple.py (2.2.4);
     for d_conv, aryamanarora/tinylang, tinylang/model/arch/mamba.py. Differences: no conv
     parameters at all when d_conv = 0."""
+    mamba_block = True  # it sits in Mamba's block (section 4): RMSNorm, no MLP, its own init
 
     def __init__(self, d: int, d_conv: int = 4, d_state: int = 16, expand: int = 2,
                  scan: str = "auto", dt_min: float = 1e-3, dt_max: float = 0.1):
@@ -516,14 +517,16 @@ class DeltaNet(nn.Module):
 
 # 4. Blocks, the language model, initialisation, and the registry of architectures -----------
 class Block(nn.Module):
-    """A pre-norm residual block: residual stream (b, l, d) -> residual stream (b, l, d)."""
+    """A pre-norm residual block: residual stream (b, l, d) -> residual stream (b, l, d). A
+    mixer whose mamba_block is True (Mamba's) sits in Mamba's block: RMSNorm, no MLP."""
 
-    def __init__(self, d: int, mixer: nn.Module, mamba: bool):
+    def __init__(self, d: int, mixer: nn.Module):
         super().__init__()
-        self.norm1 = nn.RMSNorm(d, eps=1e-5) if mamba else nn.LayerNorm(d)
+        self.mamba = getattr(mixer, "mamba_block", False)
+        self.norm1 = nn.RMSNorm(d, eps=1e-5) if self.mamba else nn.LayerNorm(d)
         self.mixer = mixer
-        self.norm2 = None if mamba else nn.LayerNorm(d)  # Mamba blocks have no MLP
-        self.mlp = None if mamba else MLP(d)
+        self.norm2 = None if self.mamba else nn.LayerNorm(d)
+        self.mlp = None if self.mamba else MLP(d)
 
     def forward(self, x):
         x = x + self.mixer(self.norm1(x))      # sequence mixing
@@ -555,22 +558,24 @@ MIXERS = {
     "mamba": lambda cfg, i: Mamba(cfg.d_model, d_conv=cfg.d_conv, scan=cfg.scan),
     "delta_net": lambda cfg, i: DeltaNet(cfg.d_model, cfg.n_head, d_conv=cfg.d_conv)}
 DEFAULT_DCONV = {"mamba": 4, "delta_net": 4, "based": 3, "base_conv": 3}  # short-conv widths
-MAMBA_BLOCKS = {"mamba"}  # the archs in Mamba's block (no MLP), with mamba_ssm's init
 MIXER_CODE = {}  # arch -> sha1 of the --mixer-file that registered it (appendix)
 
 
 def register_mixer(name: str, factory, d_conv: int | None = None, mamba_block=False) -> None:
     """A mixer of your own (README, "Your own mixer"): factory(cfg, layer) -> a causal module
     (b, l, d) -> (b, l, d); d_conv: its short conv's width, if it has one (--dconv sets
-    cfg.d_conv); mamba_block: in Mamba's block, with its init. It may name sites of its own
-    (section 6). train() tries it first."""
+    cfg.d_conv); mamba_block: its mixers sit in Mamba's block, with its init. A mixer may name
+    sites of its own (section 6). train() tries it first."""
     if name in MIXERS:
         raise ValueError(f"mixer {name!r} is taken ({', '.join(MIXERS)}); choose another")
-    MIXERS[name] = factory
+    def build(cfg, layer):
+        mixer = factory(cfg, layer)
+        if mamba_block:
+            mixer.mamba_block = True
+        return mixer
+    MIXERS[name] = build
     if d_conv is not None:
         DEFAULT_DCONV[name] = d_conv
-    if mamba_block:
-        MAMBA_BLOCKS.add(name)
 
 
 @torch.no_grad()
@@ -616,15 +621,18 @@ def init_weights(model: nn.Module, cfg):
     """The official init, after the modules' own. zoology (not Mamba): Linear and embedding
     weights ~ N(0, 0.02), biases 0, and weights *named* out_proj.weight, fc2.weight or
     output_linear.0.weight ~ N(0, 0.02/√(2 n_layer)) (not H3's output_linear, Based's proj_o).
-    mamba_ssm: the same embeddings and biases (not dt_proj's), out_proj kaiming / √n_layer."""
-    mamba = cfg.arch in MAMBA_BLOCKS
+    mamba_ssm: the same embeddings and biases (not dt_proj's), out_proj kaiming / √n_layer.
+    Each block takes its own kind's, so that a hybrid's layers are initialised as alone."""
+    in_mamba = tuple(f"blocks.{i}." for i, block in enumerate(model.blocks) if block.mamba)
     rescaled = ("out_proj.weight", "fc2.weight", "output_linear.0.weight")
     for name, m in model.named_modules():
+        mamba = name.startswith(in_mamba)
         if isinstance(m, nn.Embedding) or isinstance(m, nn.Linear) and not mamba:
             nn.init.normal_(m.weight, std=0.02)
         if isinstance(m, nn.Linear) and m.bias is not None and not name.endswith("dt_proj"):
             nn.init.zeros_(m.bias)
     for name, p in model.named_parameters():
+        mamba = name.startswith(in_mamba)
         if mamba and name.endswith("out_proj.weight"):
             nn.init.kaiming_uniform_(p, a=math.sqrt(5))
             p.data /= math.sqrt(cfg.n_layer)  # .data: an init, not a step autograd should see
@@ -637,10 +645,10 @@ class LanguageModel(nn.Module):
 
     def __init__(self, cfg, vocab_size: int):
         super().__init__()
-        d, mamba = cfg.d_model, cfg.arch in MAMBA_BLOCKS
+        d = cfg.d_model
         self.tok_emb = nn.Embedding(vocab_size, d)
         self.pos_emb = nn.Embedding(L_MAX, d) if cfg.pos_emb else None
-        self.blocks = nn.ModuleList(Block(d, MIXERS[cfg.arch](cfg, i), mamba)
+        self.blocks = nn.ModuleList(Block(d, MIXERS[cfg.arch](cfg, i))
                                     for i in range(cfg.n_layer))
         self.norm_f = nn.LayerNorm(d)
         init_weights(self, cfg)
@@ -1606,12 +1614,14 @@ def build_parser() -> Parser:
 
 
 def run_mixer_files(paths) -> None:
-    """--mixer-file: run each file once; the mixers it registers get its content's hash."""
+    """--mixer-file: run each file once; the mixers it registers get the hash of its content
+    and of the files before it (a file may build on an earlier file's mixers)."""
+    code = ""
     for path in paths or ():
         before = set(MIXERS)
         try:
             with open(path, "rb") as f:
-                code = sha1(f.read()).hexdigest()
+                code = sha1(f.read() + code.encode()).hexdigest()
             if code not in MIXER_CODE.values():
                 runpy.run_path(path)
         except Exception as e:  # its own error, in one line
