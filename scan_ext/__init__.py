@@ -7,16 +7,15 @@ import fcntl
 import hashlib
 import importlib.util
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
-import time
 
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = ("selective_scan.cpp", "binding.cpp", "selective_scan_cuda.cu", "selective_scan.h")
-LOCK_WAIT_S = 600  # a build takes about a minute; a lock held this long is another process's hang
 _module = None     # the compiled module, or the BuildError its build raised (not retried)
 _warned = False
 
@@ -32,28 +31,24 @@ def flags(cuda: bool) -> dict:
 
 
 def cache_dir(cuda: bool) -> str:
-    """The build folder of these sources and flags on this CPU (-march=native code runs only on
-    CPUs like it) and this torch."""
+    """The build folder of these sources and flags on this CPU (-march=native) and this torch."""
     with open("/proc/cpuinfo") if os.path.exists("/proc/cpuinfo") else open(os.devnull) as f:
         cpu = next((line for line in f if line.startswith(("flags", "Features"))), "")
     key = hashlib.sha1(repr((flags(cuda), cpu, torch.__version__)).encode())
     for name in SOURCES:
-        with open(os.path.join(HERE, name), "rb") as f:
-            key.update(f.read())
+        key.update(pathlib.Path(HERE, name).read_bytes())
     root = os.environ.get("MECH_SCAN_CACHE") or os.path.expanduser("~/.cache/mech_scan")
     return os.path.join(root, key.hexdigest()[:16] + ("_cuda" if cuda else ""))
 
 
 def load():
-    """The compiled extension, or BuildError. Only a failed build becomes one: Ctrl-C and
-    mech.py's stop signals (KeyboardInterrupts) go on up, for a stop must stop."""
+    """The compiled extension, or BuildError if its build failed (Ctrl-C or a stop goes on up)."""
     global _module
     if _module is None:
         try:
             _module = build()
         except (RuntimeError, OSError, ImportError, subprocess.CalledProcessError) as e:
-            # a build log's first error line (a compiler's "No space left on device"), not its
-            # last (always ninja's "build stopped: subcommand failed")
+            # a build log's first error line (the compiler's), not its last (ninja's "stopped")
             lines = [s.strip() for s in str(e).strip().splitlines()] or [type(e).__name__]
             _module = BuildError(next((s for s in lines if "error" in s.lower()
                                        and not s.startswith("Error building")), lines[-1]))
@@ -62,49 +57,56 @@ def load():
     return _module
 
 
+def sha1(path: str) -> str:
+    return hashlib.sha1(pathlib.Path(path).read_bytes()).hexdigest()
+
+
+def stamped(so: str) -> bool:
+    """Whether the stamp written once so's build had loaded still gives its sha1. Only then is it
+    dlopen'ed: a .so cut short (a full disk, a killed copy) crashes the process ("Bus error")."""
+    try:
+        return pathlib.Path(so + ".stamp").read_text() == sha1(so)
+    except OSError:  # no build, or no stamp
+        return False
+
+
 def build():
-    """The module, built in its cache folder under an OS lock on it: a process killed half way
-    leaves no lock behind (torch's own lock file, stale whenever we hold ours, is removed)."""
+    """A stamped build as it is (no compiler, lock or write: the cache may be read-only), else one
+    built under an OS lock on its folder, freed when its process dies (torch's lock is not)."""
     from torch.utils.cpp_extension import CUDA_HOME, load as torch_load
     cuda = torch.cuda.is_available() and CUDA_HOME is not None
     folder, name = cache_dir(cuda), "mech_scan" + ("_cuda" if cuda else "")
+    so = os.path.join(folder, name + ".so")
+    if stamped(so):
+        spec = importlib.util.spec_from_file_location(name, so)
+        module = importlib.util.module_from_spec(spec)  # the dlopen
+        spec.loader.exec_module(module)
+        return module
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "mech.lock"), "w") as lock:
-        for waited in range(2 * LOCK_WAIT_S + 1):  # half seconds
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if not waited:
-                    print(f"mech.py: waiting for another process's build of the selective-scan "
-                          f"kernel (the lock {lock.name}, at most {LOCK_WAIT_S} s)",
-                          file=sys.stderr, flush=True)
-                time.sleep(0.5)
-        else:
-            raise BuildError(f"another process has held {lock.name} for {LOCK_WAIT_S} s")
-        so = os.path.join(folder, name + ".so")
-        if os.path.exists(so):  # built before: imported as it is, without a compiler
-            spec = importlib.util.spec_from_file_location(name, so)
-            module = importlib.util.module_from_spec(spec)
-            try:
-                spec.loader.exec_module(module)
-                return module
-            except ImportError:  # a link killed half way: build it again
-                os.remove(so)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # released when the other process's build ends, or it dies
+            print(f"mech.py: waiting for another process's build of the selective-scan kernel "
+                  f"(the lock {lock.name})", file=sys.stderr, flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if stamped(so):  # built by the process we waited for: imported as above
+            return build()
         cxx = os.environ.get("CXX", "c++")
         if shutil.which(cxx) is None:  # else the one line would be ninja's
-            raise BuildError(f"no C++ compiler: {cxx!r} is not on the PATH (set CXX or install "
-                             "g++)")
-        if os.path.exists(os.path.join(folder, "lock")):
-            os.remove(os.path.join(folder, "lock"))
-        sources = [s for s in SOURCES if cuda or "cuda" not in s]
-        for s in sources:  # copies: the build is of the sources the folder is named after
+            raise BuildError(f"no C++ compiler: {cxx!r} not on the PATH (set CXX or install g++)")
+        for old in (so, os.path.join(folder, "lock")):  # ninja could take a damaged .so as built
+            if os.path.exists(old):
+                os.remove(old)
+        for s in SOURCES:  # copies: the build is of the sources the folder is named after
             shutil.copyfile(os.path.join(HERE, s), os.path.join(folder, s))
         print(f"mech.py: building the selective-scan kernel (about a minute, once; cached in "
               f"{folder})", file=sys.stderr, flush=True)
-        return torch_load(name=name, sources=[os.path.join(folder, s) for s in sources
-                                              if not s.endswith(".h")],
-                          build_directory=folder, **flags(cuda))
+        units = SOURCES[:3] if cuda else SOURCES[:2]  # the .cpp files, and the .cu for CUDA
+        module = torch_load(name=name, sources=[os.path.join(folder, s) for s in units],
+                            build_directory=folder, **flags(cuda))
+        pathlib.Path(so + ".stamp").write_text(sha1(so))  # one cut short matches no .so
+        return module
 
 
 def kernel(device: torch.device, required: bool):
@@ -128,8 +130,7 @@ def kernel(device: torch.device, required: bool):
 
 class SelectiveScanFn(torch.autograd.Function):
     """The kernels' forward and backward as one autograd op. They take B and C as (b, l, n)
-    contiguous: Mamba's are (b, n, l) views of slices of x_proj's output, so this copies them (each
-    b·l·n numbers, small beside u's b·d·l). bf16 and fp16 are computed in fp32, as upstream."""
+    contiguous copies (b·l·n numbers each, small beside u's b·d·l); bf16 and fp16 run in fp32."""
 
     @staticmethod
     def forward(ctx, u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False):
@@ -137,24 +138,21 @@ class SelectiveScanFn(torch.autograd.Function):
         for name, M in (("B", B), ("C", C)):
             if M.shape != (b, n, l):
                 raise ValueError(f"scan extension: {name} must be per token, (b, n, l) = "
-                                 f"{(b, n, l)}, not {tuple(M.shape)} (constant and grouped B "
-                                 "and C are not supported)")
+                                 f"{(b, n, l)}, not {tuple(M.shape)} (not constant or grouped)")
         ctx.dtype = u.dtype
         work = u.dtype if u.dtype in (torch.float32, torch.float64) else torch.float32
         u, delta, z = (None if x is None else x.to(work) for x in (u, delta, z))
         A, D, delta_bias = (None if x is None else x.to(work).contiguous()
                             for x in (A, D, delta_bias))
         B, C = (x.to(work).transpose(1, 2).contiguous() for x in (B, C))  # (b, l, n)
-        ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias)
+        ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias)  # as bwd takes them, after dout
         ctx.delta_softplus = delta_softplus
         return load().fwd(u, delta, A, B, C, D, z, delta_bias, delta_softplus).to(ctx.dtype)
 
     @staticmethod
     @torch.autograd.function.once_differentiable  # the kernel has no double backward
     def backward(ctx, dout):
-        u, delta, A, B, C, D, z, delta_bias = ctx.saved_tensors
-        grads = load().bwd(dout.to(u.dtype), u, delta, A, B, C, D, z, delta_bias,
-                           ctx.delta_softplus)
+        grads = load().bwd(dout.to(ctx.saved_tensors[0]), *ctx.saved_tensors, ctx.delta_softplus)
         du, ddelta, dA, dB, dC, dD, dz, dbias = (None if g is None else g.to(ctx.dtype)
                                                  for g in grads)
         return du, ddelta, dA, dB.transpose(1, 2), dC.transpose(1, 2), dD, dz, dbias, None

@@ -7,6 +7,7 @@ and A (1e-3, 5e-3); float64 agrees to round-off. Tests that need the extension s
 reason, where it cannot be built (no compiler); CUDA tests skip where torch sees no GPU, and
 the compile check of the CUDA source where nvcc is not on the PATH.
 """
+import _ctypes
 import ctypes
 import hashlib
 import os
@@ -692,16 +693,21 @@ def run_loader(env, code="import scan_ext; print(scan_ext.load().__file__)", **k
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
 
 
-def test_a_cached_build_needs_no_compiler_and_a_wait_is_announced():
+def test_a_wait_for_another_process_build_is_announced_and_its_build_used(tmp_path):
     import fcntl
-    ext = scan_extension_or_skip()  # the shared cache now holds the build
-    with open(os.path.join(os.path.dirname(ext.__file__), "mech.lock"), "w") as lock:
+    ext = scan_extension_or_skip()
+    folder = tmp_path / os.path.basename(os.path.dirname(ext.__file__))
+    folder.mkdir()
+    with open(folder / "mech.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # as another process's build would
-        run = run_loader({"CXX": "no-such-compiler"})
+        run = run_loader({"CXX": "no-such-compiler", "MECH_SCAN_CACHE": str(tmp_path)})
         line = run.stderr.readline()
         assert "waiting for another process's build" in line and lock.name in line, line
+        for f in (ext.__file__, ext.__file__ + ".stamp"):  # that process's build, done
+            shutil.copy(f, folder)
     out, err = run.communicate(timeout=120)
-    assert run.returncode == 0 and out.strip() == ext.__file__, err
+    assert run.returncode == 0, err
+    assert out.strip() == str(folder / os.path.basename(ext.__file__)), err
 
 
 def test_a_failed_build_is_reported_by_its_error_line_not_ninjas(tmp_path):
@@ -720,3 +726,126 @@ def test_a_failed_build_is_reported_by_its_error_line_not_ninjas(tmp_path):
     assert run.returncode == 0 and out.strip() == "None", err
     warning = [s for s in err.splitlines() if "warning" in s]
     assert len(warning) == 1 and "No space left on device" in warning[0], err
+
+
+# ── the cache: a damaged build is rebuilt, never loaded ──────────────────────────────────────
+
+def reusing_compiler(built, folder):
+    """A C++ compiler, written to `folder`, for the rebuilds below: it "compiles" a source by
+    copying the object that the session's build folder `built` made of the same file (a second,
+    not a minute), and links with the real compiler. Both folders have the same key (sources,
+    flags, CPU, torch), so these are the objects a compile would make."""
+    real = shutil.which(os.environ.get("CXX", "c++"))
+    cxx = folder / "c++"  # so named, torch takes it for a compiler without asking it
+    cxx.write_text(f"""#!/bin/sh
+for a; do [ "$prev" = -c ] && src=$a; [ "$prev" = -o ] && out=$a; prev=$a; done  # -c SRC -o OBJ
+name=$(basename "${{src:-none}}")
+if [ -n "$src" ] && cmp -s "$src" "{built}/$name" && [ -f "{built}/${{name%.*}}.o" ]; then
+    exec cp "{built}/${{name%.*}}.o" "$out"
+fi
+exec {real} "$@"
+""")
+    cxx.chmod(0o755)
+    return str(cxx)
+
+
+# Ways a cached mech_scan.so can be damaged, each done to a copy of the session's build in a cache
+# of its own, with that build's stamp (True: the .so was spoiled after its build) or without it
+DAMAGES = {
+    "cut short": (lambda so: so.write_bytes(so.read_bytes()[: so.stat().st_size // 2]), True),
+    "random bytes": (lambda so: so.write_bytes(os.urandom(so.stat().st_size)), True),
+    "empty": (lambda so: so.write_bytes(b""), False),
+    "another module's": (lambda so: shutil.copyfile(_ctypes.__file__, so), False),  # a stdlib .so
+}
+
+# run_loader's code: the kernel (required), checked against the loop
+LOAD_AND_CHECK = """import sys; sys.path.insert(0, "tests")
+import scan_ext, test_scan as t
+make = t.scan_problem(2, 5, 9, 4, layout="mamba")
+t.assert_same_scan(t.run_scan(make(), True, "ext"), t.run_scan(make(), True, "ref"))
+print(scan_ext.load().__file__)
+"""
+
+
+@pytest.fixture(scope="module")
+def damaged_caches(tmp_path_factory):
+    """For each damage, and for a cut-short .so with no compiler: the .so, and the loader run on
+    its cache in a subprocess (a crash must not take pytest with it); all started at once."""
+    ext = scan_extension_or_skip()
+    if ext.has_cuda():
+        pytest.skip("a CUDA build: nvcc would compile the .cu again for each case, minutes")
+    built = os.path.dirname(ext.__file__)
+    cxx = reusing_compiler(built, tmp_path_factory.mktemp("bin"))
+
+    def start(damage, cxx, code):
+        spoil, keep_stamp = DAMAGES[damage]
+        cache = tmp_path_factory.mktemp("cache")
+        so = cache / os.path.basename(built) / os.path.basename(ext.__file__)
+        so.parent.mkdir()
+        shutil.copyfile(ext.__file__, so)
+        if keep_stamp:
+            shutil.copyfile(ext.__file__ + ".stamp", str(so) + ".stamp")
+        spoil(so)
+        return so, run_loader({"MECH_SCAN_CACHE": str(cache), "CXX": cxx}, code)
+
+    runs = {damage: start(damage, cxx, LOAD_AND_CHECK) for damage in DAMAGES}
+    runs["no compiler"] = start("cut short", "no-such-compiler", "import torch, scan_ext; print("
+                                "scan_ext.kernel(torch.device('cpu'), False))")
+    return runs
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_damaged_build_is_built_again_not_loaded(damage, damaged_caches):
+    """dlopen of a .so cut short crashes the process ("Bus error"); others fail to import, which
+    left the loop in use for good. The loader loads a build only when its stamp vouches for it."""
+    so, run = damaged_caches[damage]
+    out, err = run.communicate(timeout=300)
+    assert run.returncode == 0, f"exit {run.returncode}: {err}"  # -7: SIGBUS
+    assert out.strip() == str(so), err
+    assert err.count("building the selective-scan kernel") == 1, err
+    assert scan_ext.stamped(str(so))
+
+
+def test_a_damaged_build_without_a_compiler_is_refused_in_one_line(damaged_caches):
+    so, run = damaged_caches["no compiler"]
+    out, err = run.communicate(timeout=300)
+    assert run.returncode == 0, f"exit {run.returncode}: {err}"  # -7: SIGBUS
+    assert out.strip() == "None", err
+    assert err.count("\n") == 1 and "no C++ compiler" in err and "warning" in err, err
+
+
+# Makes the cache read-only in the subprocess, even for root (whom chmod does not stop): any
+# write there, of a file or a folder, raises PermissionError, as a read-only file system would
+READ_ONLY = """import os, sys
+WRITES = {"os.mkdir", "os.remove", "os.rename", "os.rmdir", "os.chmod", "os.truncate",
+          "os.utime", "os.link", "os.symlink", "shutil.copyfile", "shutil.rmtree"}
+def read_only(event, args, cache=os.environ["MECH_SCAN_CACHE"]):
+    if event in WRITES or event == "open" and args[2] & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+        if any(isinstance(a, (str, os.PathLike)) and os.fspath(a).startswith(cache) for a in args):
+            raise PermissionError(13, "read-only (the test's audit hook)", os.fspath(args[0]))
+sys.addaudithook(read_only)
+try:
+    open(os.path.join(os.environ["MECH_SCAN_CACHE"], "probe"), "w")
+    sys.exit("the audit hook let a write through")
+except PermissionError:
+    pass
+"""
+
+
+def test_a_build_in_a_read_only_cache_is_used(tmp_path):
+    ext = scan_extension_or_skip()
+    folder = tmp_path / os.path.basename(os.path.dirname(ext.__file__))
+    folder.mkdir()
+    for f in (ext.__file__, ext.__file__ + ".stamp"):
+        shutil.copy(f, folder)
+    for f in [*folder.iterdir(), folder, tmp_path]:
+        f.chmod(0o555 if f.is_dir() else 0o444)
+    try:
+        run = run_loader({"MECH_SCAN_CACHE": str(tmp_path), "CXX": "no-such-compiler"},
+                         READ_ONLY + LOAD_AND_CHECK)
+        out, err = run.communicate(timeout=120)
+    finally:
+        for f in [tmp_path, folder]:
+            f.chmod(0o755)
+    assert run.returncode == 0 and "building" not in err, err
+    assert out.strip() == str(folder / os.path.basename(ext.__file__)), err
