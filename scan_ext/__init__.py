@@ -17,6 +17,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = ("selective_scan.cpp", "binding.cpp", "selective_scan_cuda.cu", "selective_scan.h")
 _module = None     # the compiled module, or the BuildError its build raised (not retried)
+build_key = None   # the loaded build's folder name: the hash of what its numbers depend on
 _warned = False
 
 
@@ -43,10 +44,11 @@ def cache_dir(cuda: bool) -> str:
 
 def load():
     """The compiled extension, or BuildError if its build failed (Ctrl-C or a stop goes on up)."""
-    global _module
+    global _module, build_key
     if _module is None:
         try:
             _module = build()
+            build_key = os.path.basename(os.path.dirname(_module.__file__))
         except (RuntimeError, OSError, ImportError, subprocess.CalledProcessError) as e:
             # a build log's first error line (the compiler's), not its last (ninja's "stopped")
             lines = [s.strip() for s in str(e).strip().splitlines()] or [type(e).__name__]

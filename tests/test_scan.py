@@ -730,6 +730,12 @@ def test_a_failed_build_is_reported_by_its_error_line_not_ninjas(tmp_path):
 
 # ── the cache: a damaged build is rebuilt, never loaded ──────────────────────────────────────
 
+def test_build_key_names_the_loaded_build():
+    ext = scan_extension_or_skip()
+    assert scan_ext.build_key == os.path.basename(os.path.dirname(ext.__file__))
+    assert scan_ext.build_key == os.path.basename(scan_ext.cache_dir(ext.has_cuda()))
+
+
 def reusing_compiler(built, folder):
     """A C++ compiler, written to `folder`, for the rebuilds below: it "compiles" a source by
     copying the object that the session's build folder `built` made of the same file (a second,
@@ -763,7 +769,7 @@ LOAD_AND_CHECK = """import sys; sys.path.insert(0, "tests")
 import scan_ext, test_scan as t
 make = t.scan_problem(2, 5, 9, 4, layout="mamba")
 t.assert_same_scan(t.run_scan(make(), True, "ext"), t.run_scan(make(), True, "ref"))
-print(scan_ext.load().__file__)
+print(scan_ext.load().__file__, scan_ext.build_key)
 """
 
 
@@ -790,7 +796,7 @@ def damaged_caches(tmp_path_factory):
 
     runs = {damage: start(damage, cxx, LOAD_AND_CHECK) for damage in DAMAGES}
     runs["no compiler"] = start("cut short", "no-such-compiler", "import torch, scan_ext; print("
-                                "scan_ext.kernel(torch.device('cpu'), False))")
+                                "scan_ext.kernel(torch.device('cpu'), False), scan_ext.build_key)")
     return runs
 
 
@@ -801,7 +807,7 @@ def test_a_damaged_build_is_built_again_not_loaded(damage, damaged_caches):
     so, run = damaged_caches[damage]
     out, err = run.communicate(timeout=300)
     assert run.returncode == 0, f"exit {run.returncode}: {err}"  # -7: SIGBUS
-    assert out.strip() == str(so), err
+    assert out.split() == [str(so), so.parent.name], err
     assert err.count("building the selective-scan kernel") == 1, err
     assert scan_ext.stamped(str(so))
 
@@ -810,7 +816,7 @@ def test_a_damaged_build_without_a_compiler_is_refused_in_one_line(damaged_cache
     so, run = damaged_caches["no compiler"]
     out, err = run.communicate(timeout=300)
     assert run.returncode == 0, f"exit {run.returncode}: {err}"  # -7: SIGBUS
-    assert out.strip() == "None", err
+    assert out.split() == ["None", "None"], err
     assert err.count("\n") == 1 and "no C++ compiler" in err and "warning" in err, err
 
 
@@ -848,4 +854,4 @@ def test_a_build_in_a_read_only_cache_is_used(tmp_path):
         for f in [tmp_path, folder]:
             f.chmod(0o755)
     assert run.returncode == 0 and "building" not in err, err
-    assert out.strip() == str(folder / os.path.basename(ext.__file__)), err
+    assert out.split() == [str(folder / os.path.basename(ext.__file__)), folder.name], err
