@@ -1,13 +1,14 @@
 // Mamba's selective scan on CUDA: one thread per (b, d) channel, its state h[n] in registers,
 // sequential over time. At the paper's lengths (l ~ 40-300) and shapes (b·d ~ 16k channels) this
 // keeps the GPU busy without the block-wide parallel scan of the official kernel, which pays off
-// only for long sequences. The equations, as in selective_scan.cpp (g_t = ∂loss/∂h_t):
+// only for long sequences. The equations, as in selective_scan.cpp (dout_t = ∂loss/∂out_t,
+// dh_t = ∂loss/∂h_t):
 //
 //   forward:   Δ_t = softplus(delta_t + bias), a_t = exp(Δ_t A),  h_t = a_t ⊙ h_{t-1} + Δ_t u_t B_t
 //              y_t = C_t · h_t + D u_t,  out_t = y_t · SiLU(z_t)
-//   backward:  g_t = dy_t C_t + a_{t+1} ⊙ g_{t+1};  du_t = D dy_t + Σ_k g_t,k Δ_t B_t,k;
-//              dΔ_t = Σ_k g_t,k (B_t,k u_t + A_k a_t,k h_{t-1},k);  dA += g_t Δ_t a_t h_{t-1};
-//              dB_t += g_t Δ_t u_t;  dC_t += dy_t h_t  (per channel here, summed by the caller)
+//   backward:  dh_t = dy_t C_t + a_{t+1} ⊙ dh_{t+1};  du_t = D dy_t + Σ_k dh_t,k Δ_t B_t,k;
+//              dΔ_t = Σ_k dh_t,k (B_t,k u_t + A_k a_t,k h_{t-1},k);  dA += dh_t Δ_t a_t h_{t-1};
+//              dB_t += dh_t Δ_t u_t;  dC_t += dy_t h_t  (per channel here, summed by the caller)
 //
 // Threads of a warp are consecutive channels of one batch row, so reads of u, delta, z (whose
 // d-stride is 1 in Mamba's layout) and of the (b, l, n, d) scratch are coalesced, and B_t, C_t are
@@ -41,23 +42,25 @@ __global__ void forward_kernel(Problem p, Strided out) {
   const int64_t task = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (task >= p.b * p.d) return;
   const int64_t row = task / p.d, ch = task % p.d, n = p.n, l = p.l;
-  const T* A = static_cast<const T*>(p.A) + ch * n;
-  T h[MAXN], Ak[MAXN];
+  T h[MAXN], A[MAXN];
 #pragma unroll
-  for (int k = 0; k < MAXN; ++k) { h[k] = T(0); Ak[k] = k < n ? A[k] : T(0); }
+  for (int k = 0; k < MAXN; ++k) {
+    h[k] = T(0);
+    A[k] = k < n ? static_cast<const T*>(p.A)[ch * n + k] : T(0);
+  }
   for (int64_t t = 0; t < l; ++t) {
-    const T dt = step<T>(p, row, ch, t), x = at<T>(p.u, row, ch, t);
+    const T dt = step<T>(p, row, ch, t), u = at<T>(p.u, row, ch, t);
     const T* Bt = static_cast<const T*>(p.B) + (row * l + t) * n;
     const T* Ct = static_cast<const T*>(p.C) + (row * l + t) * n;
     T y = T(0);
 #pragma unroll
     for (int k = 0; k < MAXN; ++k) {
       if (k < n) {
-        h[k] = exp(dt * Ak[k]) * h[k] + dt * x * Bt[k];
+        h[k] = exp(dt * A[k]) * h[k] + dt * u * Bt[k];
         y += Ct[k] * h[k];
       }
     }
-    if (p.D) y += static_cast<const T*>(p.D)[ch] * x;
+    if (p.D) y += static_cast<const T*>(p.D)[ch] * u;
     if (p.z.p) { const T z = at<T>(p.z, row, ch, t); y *= z * sigmoid_(z); }
     at<T>(out, row, ch, t) = y;
   }
@@ -69,58 +72,61 @@ __global__ void backward_kernel(Problem p, Strided dout, Strided du, Strided dde
   const int64_t task = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (task >= p.b * p.d) return;
   const int64_t row = task / p.d, ch = task % p.d, n = p.n, l = p.l, d = p.d;
-  const T* A = static_cast<const T*>(p.A) + ch * n;
-  const T Dc = p.D ? static_cast<const T*>(p.D)[ch] : T(0);
+  const T D = p.D ? static_cast<const T*>(p.D)[ch] : T(0);
   // (t, k) of this channel in the (b, l, n, d) scratch
   auto idx = [&](int64_t t, int64_t k) { return ((row * l + t) * n + k) * d + ch; };
-  T h[MAXN], g[MAXN], dA[MAXN], Ak[MAXN];
+  T h[MAXN], carry[MAXN], dA[MAXN], A[MAXN];  // carry = a_{t+1} ⊙ dh_{t+1}
 #pragma unroll
-  for (int k = 0; k < MAXN; ++k) { h[k] = g[k] = dA[k] = T(0); Ak[k] = k < n ? A[k] : T(0); }
+  for (int k = 0; k < MAXN; ++k) {
+    h[k] = carry[k] = dA[k] = T(0);
+    A[k] = k < n ? static_cast<const T*>(p.A)[ch * n + k] : T(0);
+  }
   // recompute the forward pass, storing h_t
   for (int64_t t = 0; t < l; ++t) {
-    const T dt = step<T>(p, row, ch, t), x = at<T>(p.u, row, ch, t);
+    const T dt = step<T>(p, row, ch, t), u = at<T>(p.u, row, ch, t);
     const T* Bt = static_cast<const T*>(p.B) + (row * l + t) * n;
 #pragma unroll
     for (int k = 0; k < MAXN; ++k)
-      if (k < n) H[idx(t, k)] = h[k] = exp(dt * Ak[k]) * h[k] + dt * x * Bt[k];
+      if (k < n) H[idx(t, k)] = h[k] = exp(dt * A[k]) * h[k] + dt * u * Bt[k];
   }
   T dD = T(0), dbias = T(0);
   for (int64_t t = l - 1; t >= 0; --t) {
-    const T dt = step<T>(p, row, ch, t), x = at<T>(p.u, row, ch, t), G = at<T>(dout, row, ch, t);
+    const T dt = step<T>(p, row, ch, t), u = at<T>(p.u, row, ch, t);
+    const T dout_t = at<T>(dout, row, ch, t);
     const T* Bt = static_cast<const T*>(p.B) + (row * l + t) * n;
     const T* Ct = static_cast<const T*>(p.C) + (row * l + t) * n;
-    T dy = G;
-    if (p.z.p) {  // dz_t = G_t y_t σ(z_t) (1 + z_t (1 - σ(z_t))),  dy_t = G_t SiLU(z_t)
-      const T z = at<T>(p.z, row, ch, t), s = sigmoid_(z);
-      T y = Dc * x;
+    T dy = dout_t;
+    if (p.z.p) {  // dz_t = dout_t y_t σ(z_t) (1 + z_t (1 - σ(z_t))),  dy_t = dout_t SiLU(z_t)
+      const T z = at<T>(p.z, row, ch, t), sz = sigmoid_(z);
+      T y = D * u;
 #pragma unroll
       for (int k = 0; k < MAXN; ++k) if (k < n) y += Ct[k] * H[idx(t, k)];
-      at<T>(dz, row, ch, t) = G * y * s * (T(1) + z * (T(1) - s));
-      dy = G * z * s;
+      at<T>(dz, row, ch, t) = dout_t * y * sz * (T(1) + z * (T(1) - sz));
+      dy = dout_t * z * sz;
     }
-    dD += dy * x;
-    T du_t = Dc * dy, ddt = T(0);
+    dD += dy * u;
+    T du_t = D * dy, ddelta_t = T(0);  // ddelta_t: dΔ_t, until the softplus's factor below
 #pragma unroll
     for (int k = 0; k < MAXN; ++k) {
       if (k < n) {
-        const T a = exp(dt * Ak[k]);
+        const T a = exp(dt * A[k]);
         const T h_prev = t ? H[idx(t - 1, k)] : T(0);
-        const T gk = dy * Ct[k] + g[k];
+        const T dh = dy * Ct[k] + carry[k];
         dC_bd[idx(t, k)] = dy * H[idx(t, k)];
-        dB_bd[idx(t, k)] = gk * dt * x;
-        du_t += gk * dt * Bt[k];
-        ddt += gk * (Bt[k] * x + Ak[k] * a * h_prev);
-        dA[k] += gk * dt * a * h_prev;
-        g[k] = a * gk;
+        dB_bd[idx(t, k)] = dh * dt * u;
+        du_t += dh * dt * Bt[k];
+        ddelta_t += dh * (Bt[k] * u + A[k] * a * h_prev);
+        dA[k] += dh * dt * a * h_prev;
+        carry[k] = a * dh;
       }
     }
     at<T>(du, row, ch, t) = du_t;
     if (p.softplus) {  // ddelta_t = dΔ_t σ(delta_t + bias)  (1 above 20)
       const T pre = pre_step<T>(p, row, ch, t);
-      ddt *= pre <= T(20) ? sigmoid_(pre) : T(1);
+      ddelta_t *= pre <= T(20) ? sigmoid_(pre) : T(1);
     }
-    at<T>(ddelta, row, ch, t) = ddt;
-    dbias += ddt;
+    at<T>(ddelta, row, ch, t) = ddelta_t;
+    dbias += ddelta_t;
   }
 #pragma unroll
   for (int k = 0; k < MAXN; ++k) if (k < n) dA_b[(row * n + k) * d + ch] = dA[k];
