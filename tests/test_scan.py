@@ -855,3 +855,24 @@ def test_a_build_in_a_read_only_cache_is_used(tmp_path):
             f.chmod(0o755)
     assert run.returncode == 0 and "building" not in err, err
     assert out.split() == [str(folder / os.path.basename(ext.__file__)), folder.name], err
+
+
+# ── scan_ext/README.md's map of the recurrence ──────────────────────────────────────────────
+
+def test_the_readme_map_quotes_lines_of_the_loop_and_both_kernels():
+    """Each step's row quotes the code that computes it in mech.py and in each kernel: each quote
+    must still be in its file (a renamed variable or a rewritten line fails here)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(scan_ext.__file__)))
+    readme = open(os.path.join(root, "scan_ext", "README.md")).read()
+    table = readme[readme.index("| the step |"):].split("\n\n")[0].splitlines()
+    files = ["mech.py", "scan_ext/selective_scan_cuda.cu", "scan_ext/selective_scan.cpp"]
+    assert [c.split("`")[1] for c in table[0].split(" | ")[1:]] == [os.path.basename(f)
+                                                                      for f in files]
+    texts = [open(os.path.join(root, f)).read() for f in files]
+    steps = table[2:]
+    assert [row.split(" | ")[0] for row in steps] == [
+        "| exp(Δ_t A)", "| h_t = exp(Δ_t A) ⊙ h_{t-1} + Δ_t u_t B_t", "| y_t = C_t · h_t + D u_t"]
+    for row in steps:
+        for cell, text, name in zip(row.strip(" |").split(" | ")[1:], texts, files):
+            quotes = cell.split("`")[1::2]
+            assert quotes and all(q in text for q in quotes), (name, cell)
