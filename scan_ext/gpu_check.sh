@@ -20,13 +20,13 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.versio
             'device', torch.cuda.get_device_name() if torch.cuda.is_available() else None)"
 
 step "1. the CUDA kernel: build, then the CUDA tests"
-python3 -c "import torch, scan_ext; e = scan_ext.kernel(torch.device('cuda'), required=True);
-print('extension built; cuda kernel:', e.has_cuda())" || status=1
+python3 -c "import torch, scan_ext; scan_ext.kernel(torch.device('cuda'), required=True);
+print('extension built; cuda kernel:', scan_ext.load().has_cuda())" || status=1
 python3 -m pytest -q -rs -p no:cacheprovider tests/test_scan.py -k cuda || status=1
 
 step "2. the same tiny run on the CPU and on the GPU"
 tiny=(--arch mamba --task ar --d-model 32 --num-kv 64 --n-train 2048 --steps 300 --eval-every 50
-      --n-eval 64 --seed 7 --quiet)
+      --n-eval 64 --seed 7)
 for dev in cpu cuda; do
     python3 mech.py "${tiny[@]}" --device $dev --out "/tmp/gpu_check_runs/tiny_$dev" --force \
         > /dev/null || status=1
@@ -49,7 +49,7 @@ for run in "ar mamba 1e-2" "atr attention 1e-3"; do
     for dev in cuda cpu; do
         steps=$([ $dev = cuda ] && echo 3000 || echo 300)
         python3 mech.py --preset paper --d-model 64 --task $1 --arch $2 --lr $3 --steps $steps \
-            --device $dev --out "/tmp/gpu_check_runs/paper_${1}_${2}_$dev" --force --quiet \
+            --device $dev --out "/tmp/gpu_check_runs/paper_${1}_${2}_$dev" --force \
             > /dev/null || status=1
         python3 -c "import json; m = json.load(open('/tmp/gpu_check_runs/paper_${1}_${2}_$dev/metrics.json'))
 print(f\"$1 $2 on $dev: {m['steps_per_s']:.1f} steps/s over {m['steps']} steps (accuracy {m['accuracy']:.3f}, \"
