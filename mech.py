@@ -18,7 +18,7 @@ mamba-minimal, DeltaNet (2406.06484). Shapes: b batch, l length, d width, h head
     pos["query"]       Query: the repeated key, where the prediction is read
     d_conv             "Conv.": width of the short causal convolution (0 = none)
     d_state, d_inner   N: SSM state size per channel; E·d, Mamba's expanded width
-    dt_rank, delta     R: rank of Δ's projection; Δ, Mamba's input-dependent step size
+    dt_rank, dt, delta R: rank of Δ's projection; Δ (dt, delta), an SSM's step size
     phi, feature_dim   φ: Based's Taylor feature map, φ(q)·φ(k) ≈ exp(q·k/√f); f = 8
     beta, S            β, S: DeltaNet's write strength and fast-weight state
     max_rhs_len        Lmax: ATR rules have 1 .. Lmax-1 children plus a head word
@@ -30,17 +30,24 @@ import dataclasses
 import json
 import math
 import os
+import signal
 import time
 import zlib
 from bisect import bisect_right
 
-import numpy as np
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-from numpy.random import Generator
+# Set before torch loads (libgomp reads it then): torch's threads sleep while they wait, not
+# spin, so other work on the machine does not stall a run (figures/bench_threads.py)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+if __name__ == "__main__":  # a Ctrl-C while torch loads: exit 130, quietly (as the appendix)
+    signal.signal(signal.SIGINT, lambda signum, frame: os._exit(130))
 
-import scan_ext
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from numpy.random import Generator  # noqa: E402
+
+import scan_ext  # noqa: E402
 
 PAD, BOS, EOS = 0, 1, 2  # the special tokens of both tasks
 L_MAX = 1024  # n_positions, the longest sequence; the implicit filters' and H3's time grid
@@ -91,7 +98,8 @@ class Examples:
     def to(self, device):
         return Examples(self.ids.to(device), {k: v.to(device) for k, v in self.pos.items()})
 
-    def trim(self):  # drop the padding no document needs (ATR): a causal model is unaffected
+    def trim(self):  # drop the padding no document needs (ATR): a causal model's outputs
+        # stay, to float32 rounding (H3's and DeltaNet's sums over l are cut otherwise)
         return Examples(self.ids[:, :int(self.pos["answer"].max()) + 2], self.pos)
 
     @property
@@ -117,12 +125,12 @@ class AR:
 
     def sample(self, n: int, rng: Generator, split: str = "train") -> Examples:
         """n documents; AR has no held-out split (train and test differ by their rng)."""
-        p, length = self.n_pairs, self.length
-        keys = self.first_key + distinct_ints(rng, n, p, self.n_keys)       # (n, p)
-        values = self.first_value + distinct_ints(rng, n, p, self.n_keys)   # (n, p)
-        i = rng.integers(0, p, n)                                           # the queried pair
+        n_pairs, length = self.n_pairs, self.length
+        keys = self.first_key + distinct_ints(rng, n, n_pairs, self.n_keys)      # (n, n_pairs)
+        values = self.first_value + distinct_ints(rng, n, n_pairs, self.n_keys)  # (n, n_pairs)
+        i = rng.integers(0, n_pairs, n)                                     # the queried pair
         rows = np.arange(n)
-        pairs = np.stack([keys, values], axis=2).reshape(n, 2 * p)          # k1 v1 k2 v2 ...
+        pairs = np.stack([keys, values], axis=2).reshape(n, 2 * n_pairs)    # k1 v1 k2 v2 ...
         eos = np.full(n, EOS)
         tail = np.stack([eos, keys[rows, i], values[rows, i], eos], axis=1)  # (n, 4)
         ids = np.concatenate([np.full((n, 1), BOS), pairs, tail], axis=1)   # (n, length)
@@ -134,6 +142,14 @@ class AR:
         """Per token, a uniform *different* token of its kind, "key" or "value"."""
         first = {"key": self.first_key, "value": self.first_value}[kind]
         return other_than(tokens, first, self.n_keys, rng)
+
+
+# A run's task by its config's name for it (cfg: a Config, section 4); section 7 adds ATR.
+TASKS = {"ar": lambda cfg: AR(cfg.num_kv, cfg.n_pairs)}
+
+
+def make_task(cfg):
+    return TASKS[cfg.task](cfg)
 
 
 # 2. Building blocks: the MLP, causal convolutions (short and long), the filters' grid -------
@@ -254,7 +270,8 @@ class TaylorLinearAttention(nn.Module):
         return self.proj_o((A @ v) / (A.sum(-1, keepdim=True) + self.eps))
 
 
-def polar(magnitude: torch.Tensor, angle: torch.Tensor) -> tuple:  # magnitude · e^(i angle)
+def re_im(magnitude: torch.Tensor, angle: torch.Tensor) -> tuple:
+    """magnitude · e^(i angle) as its (real, imaginary) parts."""
     return magnitude * torch.cos(angle), magnitude * torch.sin(angle)
 
 
@@ -275,11 +292,12 @@ class H3(nn.Module):
         self.shift_B = nn.Parameter(F.one_hot(torch.zeros(d, dtype=torch.long), N).float())
         self.shift_C = nn.Parameter(torch.empty(d, N).uniform_(-bound, bound))
         self.shift_D = nn.Parameter(torch.randn(d))
-        H, M = self.H, N // 2  # diagonal SSM: M = N/2 complex modes, as (..., 2) reals
+        H, modes = self.H, N // 2  # diagonal SSM: N/2 complex modes, as (..., 2) reals
         self.log_dt = nn.Parameter(torch.empty(H).uniform_(math.log(1e-3), math.log(1e-1)))
-        self.inv_A_real = nn.Parameter(torch.full((H, M), math.log(0.5)))  # Re A = -exp(.)
-        self.A_imag = nn.Parameter(math.pi * torch.arange(M).float().repeat(H, 1))
-        B, C = torch.ones(H, M, dtype=torch.cfloat), torch.randn(H, M, dtype=torch.cfloat)
+        self.inv_A_real = nn.Parameter(torch.full((H, modes), math.log(0.5)))  # Re A = -exp(.)
+        self.A_imag = nn.Parameter(math.pi * torch.arange(modes).float().repeat(H, 1))
+        B = torch.ones(H, modes, dtype=torch.cfloat)
+        C = torch.randn(H, modes, dtype=torch.cfloat)
         self.B = nn.Parameter(torch.view_as_real(B).clone())  # (H, M, 2)
         self.C = nn.Parameter(torch.view_as_real(C).clone())
         self.D = nn.Parameter(torch.randn(H))
@@ -304,8 +322,8 @@ class H3(nn.Module):
         log_r, theta = dA.abs().log()[..., None], dA.angle()[..., None]     # (H, N/2, 1)
         small = torch.arange(s, device=dt.device)                           # i < s
         big = s * torch.arange(-(-l // s), device=dt.device)                # s j, j < l / s
-        small_re, small_im = polar(torch.exp(small * log_r), small * theta)  # dA^i
-        big_re, big_im = polar(torch.exp(big * log_r), big * theta)          # dA^(s j)
+        small_re, small_im = re_im(torch.exp(small * log_r), small * theta)  # dA^i
+        big_re, big_im = re_im(torch.exp(big * log_r), big * theta)          # dA^(s j)
         Cr, Ci = C.real[..., None], C.imag[..., None]
         X_re, X_im = Cr * big_re - Ci * big_im, Cr * big_im + Ci * big_re   # C dA^(s j)
         K = 2 * (X_re.transpose(1, 2) @ small_re - X_im.transpose(1, 2) @ small_im)
@@ -313,18 +331,16 @@ class H3(nn.Module):
 
     def forward(self, u):
         b, l, d = u.shape
-        p, H = self.p, self.H
+        H, p = self.H, self.p
         q, k, v = self.q_proj(u), self.k_proj(u), self.v_proj(u)            # (b, l, d) each
         k = causal_long_conv(k, self.shift_kernel(l)) + self.shift_D * k
-        # (b, l, p, H): heads last and contiguous, for fast elementwise ops
-        q, k, v = (x.view(b, l, H, p).transpose(2, 3).contiguous() for x in (q, k, v))
-        kv = k[:, :, :, None] * v[:, :, None]                               # (b, l, p, p, H)
-        # a head's S4D kernel serves its p x p products: fold (i, j) into the batch
-        kv_h = kv.permute(0, 2, 3, 1, 4).reshape(b * p * p, l, H)           # (b p p, l, H)
-        Y = causal_long_conv(kv_h, self.diag_kernel(l))
-        Y = Y.view(b, p, p, l, H).permute(0, 3, 1, 2, 4) + self.D * kv      # (b, l, p, p, H)
-        y = (q[:, :, :, None] * Y).sum(2)                                   # (b, l, p, H)
-        return self.output_linear(y.reshape(b, l, d))                       # channel j H + h
+        q, k, v = (x.view(b, l, H, p) for x in (q, k, v))                   # (b, l, H, p)
+        kv = (k[..., :, None] * v[..., None, :]).flatten(2)                 # (b, l, H p p)
+        # a head's S4D kernel, and its D, serve all p x p products of the head
+        K, D = self.diag_kernel(l).repeat_interleave(p * p, 0), self.D.repeat_interleave(p * p)
+        Y = (causal_long_conv(kv, K) + D * kv).view(b, l, H, p, p)          # Y[..., h, i, j]
+        y = (q[..., None] * Y).sum(-2)                                      # (b, l, H, p)
+        return self.output_linear(y.transpose(2, 3).reshape(b, l, d))       # channel j H + h
 
 
 class HyenaFilter(nn.Module):
@@ -385,7 +401,10 @@ def selective_scan_ref(u, delta, A, B, C, D=None, z=None, delta_bias=None,
         u, delta, z: (b, c, l)  A: (c, n)  B, C: (b, n, l)  D, delta_bias: (c,)  -> (b, c, l)
         Δ = softplus(delta + delta_bias)   (softplus only if delta_softplus)
         h_t = exp(Δ_t A) ⊙ h_{t-1} + Δ_t u_t B_t,   h_{-1} = 0,   state (b, c, n)
-        y_t = C_t · h_t + D u_t;   out = y ⊙ SiLU(z)   (if z is given)"""
+        y_t = C_t · h_t + D u_t;   out = y ⊙ SiLU(z)   (if z is given)
+    This is the continuous SSM h'(t) = A h(t) + B u(t) sampled at steps Δ: A by zero-order hold,
+    exp(Δ A), exact while u holds still between samples; B by a simplified Euler step, Δ B, as
+    the official kernels (A matters more; the exact (ΔA)⁻¹(exp(ΔA) - I) ΔB changes little)."""
     dtype = u.dtype
     u, delta, A, B, C, D, z, delta_bias = map(at_least_fp32,
                                               (u, delta, A, B, C, D, z, delta_bias))
@@ -418,6 +437,11 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
     if backend not in SCAN_BACKENDS:
         raise ValueError(f"selective_scan: unknown backend {backend!r}; "
                          f"choose from {', '.join(SCAN_BACKENDS)}")
+    (b, c, l), n = u.shape, A.shape[-1]
+    for name, x in (("B", B), ("C", C)):
+        if x.shape != (b, n, l):  # mamba-ssm's constant (c, n) and grouped forms: not here
+            raise ValueError(f"selective_scan: {name} must be per token, (b, n, l) = "
+                             f"{(b, n, l)}, not {tuple(x.shape)}")
     args = (u, delta, A, B, C, D, z, delta_bias, delta_softplus)
     required = backend == "ext"
     kernel = None if backend == "ref" else scan_ext.kernel(u.device, required=required)
@@ -478,9 +502,10 @@ def delta_rule(q, k, v, beta):
     1.8-2.5x slower). q, k: (..., l, d_k), v: (..., l, d_v), beta: (..., l) -> like v."""
     l = q.shape[-2]
     ones = torch.ones(l, l, dtype=torch.bool, device=q.device)
-    M = (beta[..., None] * (k @ k.transpose(-2, -1))).masked_fill(~ones.tril(-1), 0)
-    M = M + torch.eye(l, device=q.device, dtype=q.dtype)
-    U = torch.linalg.solve_triangular(M, beta[..., None] * v, upper=False, unitriangular=True)
+    lhs = (beta[..., None] * (k @ k.transpose(-2, -1))).masked_fill(~ones.tril(-1), 0)
+    lhs = lhs + torch.eye(l, device=q.device, dtype=q.dtype)
+    U = torch.linalg.solve_triangular(lhs, beta[..., None] * v, upper=False,
+                                      unitriangular=True)
     return (q @ k.transpose(-2, -1)).masked_fill(~ones.tril(), 0) @ U
 
 
@@ -515,7 +540,7 @@ class DeltaNet(nn.Module):
         return self.o_proj(self.o_norm(o).transpose(1, 2).reshape(b, l, d))
 
 
-# 4. Blocks, the language model, initialisation, and the registry of architectures -----------
+# 4. The model: blocks, the registry of mixers, the run's Config, initialisation -------------
 class Block(nn.Module):
     """A pre-norm residual block: residual stream (b, l, d) -> residual stream (b, l, d). A
     mixer whose mamba_block is True (Mamba's) sits in Mamba's block: RMSNorm, no MLP."""
@@ -535,10 +560,20 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x))     # per-position MLP
 
 
+# A block's sites, the activations section 6 reads and patches: site -> (the module inside the
+# block, hooked on its input "in" or its output "out").
+SITES = {
+    "block_input": ("", "in"), "block_output": ("", "out"),  # the residual stream
+    "mixer_input": ("mixer", "in"), "mixer_output": ("mixer", "out"),  # before the add
+    "mlp_input": ("mlp", "in"), "mlp_output": ("mlp", "out")}
+# A mixer may add sites of its own, a dict `sites` {site: its submodule whose output is
+# patched}: Mamba's {"conv_output": "conv_out"}, its short conv's output.
+
+
 def base_conv_layer(cfg, i: int) -> BaseConv:
     """zoology's BaseConv model alternates a short conv (k = 3) and a long one by layer."""
     long = cfg.long_conv or i % 2 == 1
-    return BaseConv(cfg.d_model, None if long else (cfg.d_conv or 3))
+    return BaseConv(cfg.d_model, None if long else cfg.d_conv)
 
 
 def based_layer(cfg, i: int) -> nn.Module:
@@ -548,7 +583,9 @@ def based_layer(cfg, i: int) -> nn.Module:
     return BaseConv(cfg.d_model, None if cfg.long_conv else cfg.d_conv)
 
 
-# The registry of architectures: name -> (config, layer) -> a mixer (b, l, d) -> (b, l, d).
+# The registry of architectures: name -> (cfg, layer) -> a mixer (b, l, d) -> (b, l, d). cfg is
+# the run's Config (below); the factories read its d_model, n_head, d_conv, long_conv,
+# hyena_d_skip and scan.
 MIXERS = {
     "attention": lambda cfg, i: Attention(cfg.d_model, cfg.n_head),
     "base_conv": base_conv_layer,
@@ -558,16 +595,17 @@ MIXERS = {
     "mamba": lambda cfg, i: Mamba(cfg.d_model, d_conv=cfg.d_conv, scan=cfg.scan),
     "delta_net": lambda cfg, i: DeltaNet(cfg.d_model, cfg.n_head, d_conv=cfg.d_conv)}
 DEFAULT_DCONV = {"mamba": 4, "delta_net": 4, "based": 3, "base_conv": 3}  # short-conv widths
-MIXER_CODE = {}  # arch -> sha1 of the --mixer-file that registered it (appendix)
+MIXER_CODE = {}  # arch -> the hash of the --mixer-file that registered it (the appendix's)
 
 
 def register_mixer(name: str, factory, d_conv: int | None = None, mamba_block=False) -> None:
     """A mixer of your own (README, "Your own mixer"): factory(cfg, layer) -> a causal module
     (b, l, d) -> (b, l, d); d_conv: its short conv's width, if it has one (--dconv sets
     cfg.d_conv); mamba_block: its mixers sit in Mamba's block, with its init. A mixer may name
-    sites of its own (section 6). train() tries it first."""
+    sites of its own (SITES). check_mixers tries it before a run trains."""
     if name in MIXERS:
         raise ValueError(f"mixer {name!r} is taken ({', '.join(MIXERS)}); choose another")
+
     def build(cfg, layer):
         mixer = factory(cfg, layer)
         if mamba_block:
@@ -578,167 +616,99 @@ def register_mixer(name: str, factory, d_conv: int | None = None, mamba_block=Fa
         DEFAULT_DCONV[name] = d_conv
 
 
-@torch.no_grad()
-def check_mixer(cfg, length: int) -> None:
-    """Try cfg's mixer as the run uses it (eval mode, `length` tokens): a module that keeps
-    (b, l, d), stays finite, names no block's site, and is causal: for every position i, an
-    input changed from i on leaves every output before i as it was."""
-    name, d = cfg.arch, cfg.d_model
-    g = torch.Generator().manual_seed(0)  # the probe's own random inputs
-    x = torch.randn(1, length, d, generator=g)                              # (1, l, d)
-    try:
-        with torch.random.fork_rng(devices=[]):  # the run's random numbers stay as they were
-            mixer = MIXERS[name](cfg, 0)
-        y = mixer.eval()(x) if isinstance(mixer, nn.Module) else None
-    except Exception as e:  # its own error, in one line
-        raise ValueError(f"mixer {name!r} fails: {type(e).__name__}: {e}") from None
-    if y is None:
-        raise ValueError(f"mixer {name!r}: its factory returned a {type(mixer).__name__}, "
-                         "not a torch module")
-    clash = set(getattr(mixer, "sites", {})) & set(SITES)
-    if clash:
-        raise ValueError(f"mixer {name!r} names a site {', '.join(clash)}, a block's "
-                         "(SITES); choose another name")
-    if not isinstance(y, torch.Tensor) or y.shape != x.shape:
-        shape = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
-        raise ValueError(f"mixer {name!r} maps {tuple(x.shape)} to {shape}; a mixer keeps "
-                         "(b, l, d)")
-    if not y.isfinite().all():
-        raise ValueError(f"mixer {name!r} returns NaN or inf on a random input")
-    # document i: x with its positions i.. replaced; its outputs before i must not move
-    later = torch.arange(length)[:, None] <= torch.arange(length)           # (l, l): i <= t
-    for rows in torch.arange(length).split(64):
-        other = torch.randn(len(rows), length, d, generator=g)
-        xs = torch.where(later[rows, :, None], other, x)                   # (rows, l, d)
-        moved = ((mixer(xs) - y).abs().amax(-1) > 1e-4 * (1 + y.abs().max())) & ~later[rows]
-        if moved.any():
-            i, t = moved.nonzero()[0].tolist()
-            raise ValueError(f"mixer {name!r} is not causal: its output at position {t} "
-                             f"changes with the input at position {rows[i]}")
-
-
-def init_weights(model: nn.Module, cfg):
-    """The official init, after the modules' own. zoology (not Mamba): Linear and embedding
-    weights ~ N(0, 0.02), biases 0, and weights *named* out_proj.weight, fc2.weight or
-    output_linear.0.weight ~ N(0, 0.02/√(2 n_layer)) (not H3's output_linear, Based's proj_o).
-    mamba_ssm: the same embeddings and biases (not dt_proj's), out_proj kaiming / √n_layer.
-    Each block takes its own kind's, so that a hybrid's layers are initialised as alone."""
-    in_mamba = tuple(f"blocks.{i}." for i, block in enumerate(model.blocks) if block.mamba)
-    rescaled = ("out_proj.weight", "fc2.weight", "output_linear.0.weight")
-    for name, m in model.named_modules():
-        mamba = name.startswith(in_mamba)
-        if isinstance(m, nn.Embedding) or isinstance(m, nn.Linear) and not mamba:
-            nn.init.normal_(m.weight, std=0.02)
-        if isinstance(m, nn.Linear) and m.bias is not None and not name.endswith("dt_proj"):
-            nn.init.zeros_(m.bias)
-    for name, p in model.named_parameters():
-        mamba = name.startswith(in_mamba)
-        if mamba and name.endswith("out_proj.weight"):
-            nn.init.kaiming_uniform_(p, a=math.sqrt(5))
-            p.data /= math.sqrt(cfg.n_layer)  # .data: an init, not a step autograd should see
-        elif not mamba and name.endswith(rescaled):
-            nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.n_layer))
-
-
-class LanguageModel(nn.Module):
-    """Embeddings, blocks, LayerNorm, tied head. Official: tinylang/model/arch/zoology.py."""
-
-    def __init__(self, cfg, vocab_size: int):
-        super().__init__()
-        d = cfg.d_model
-        self.tok_emb = nn.Embedding(vocab_size, d)
-        self.pos_emb = nn.Embedding(L_MAX, d) if cfg.pos_emb else None
-        self.blocks = nn.ModuleList(Block(d, MIXERS[cfg.arch](cfg, i))
-                                    for i in range(cfg.n_layer))
-        self.norm_f = nn.LayerNorm(d)
-        init_weights(self, cfg)
-
-    def forward(self, ids, at=None):
-        """Logits (b, l, V), or (b, V) at the positions `at` (b,): the head costs the most."""
-        if ids.shape[1] > L_MAX:
-            raise ValueError(f"sequence length {ids.shape[1]} exceeds L_MAX = {L_MAX}")
-        x = self.tok_emb(ids)                                       # (b, l, d)
-        if self.pos_emb is not None:
-            x = x + self.pos_emb.weight[:ids.shape[1]]
-        for block in self.blocks:
-            x = block(x)                                            # (b, l, d)
-        if at is not None:
-            x = x[torch.arange(len(x), device=x.device), at]        # (b, d)
-        return F.linear(self.norm_f(x), self.tok_emb.weight)        # (b, [l,] V), tied
-
-
-# 5. Training ------------------------------------------------------------------------------
-def opt(default, help: str, flag=None, choices=None, limits=None):
+def option(default, help: str, flag=None, choices=None, limits=None):
     """A Config field: its default, --help text, its flag if not --<name>, and the values it
-    allows (choices, or limits: (low, high)), which Config.check enforces."""
+    allows (choices, or limits: (low, high)), which Config.check_values enforces."""
     allowed = dict(help=help, flag=flag, choices=choices, limits=limits)
     return dataclasses.field(default=default, metadata=allowed)
+
+
+def field_type(f: dataclasses.Field) -> type:
+    """The type of a field's values: int for `int | None`."""
+    return getattr(f.type, "__args__", (f.type,))[0]
+
+
+# The fields a run reads only where another field has this value: field -> (field, value).
+APPLIES = dict(num_kv=("task", "ar"), n_pairs=("task", "ar"), atr=("task", "atr"),
+               atr_query=("task", "atr"), held_out=("task", "atr"),
+               grammar_seed=("task", "atr"), hyena_d_skip=("arch", "hyena"),
+               decay_frac=("schedule", "wsd"),
+               d_conv=("long_conv", False), bucket=("fresh_data", False))
 
 
 @dataclasses.dataclass
 class Config:
     """Everything that defines a run, each field a flag (--d-model for d_model): Config(arch=
-    A, task=T) is `mech.py --arch A --task T`. A field left None takes its architecture's or
-    its preset's value; then every field is checked, so that a bad value is refused here."""
-    task: str = opt("ar", "the task", choices=("ar", "atr"))  # -- what to train
-    arch: str = opt("attention", "the architecture, a name in MIXERS")
-    preset: str = opt("cpu", "the values of the fields 'from --preset' (cpu: for 2 CPU "
-                      "cores; paper: its protocol; class: a claim in minutes)",
-                      choices=("cpu", "paper", "class"))
-    d_model: int | None = opt(None, "model width d (paper: 16 .. 256)", limits=(1, 1024))
-    n_layer: int = opt(2, "number of blocks (the paper: 2)", "--layers", limits=(1, 16))
-    n_head: int = opt(1, "attention / DeltaNet heads", "--heads", limits=(1, 64))
-    pos_emb: bool | None = opt(None, "learned position embedding (attention's default)")
-    d_conv: int | None = opt(None, "short-conv width, 0: none (mamba, delta_net: 4; based, "
-                             "base_conv: 3)", "--dconv", limits=(0, L_MAX))
-    long_conv: bool = opt(False, "based / base_conv: the long conv for the short one")
-    hyena_d_skip: bool = opt(True, "Hyena's D skip (the official runs zeroed it by a bug)")
-    value_corruption: str = opt("value", "a corrupted Value becomes a value, or (official) a "
-                                "key", choices=("value", "key"))
-    scan: str = opt("auto", "Mamba's scan (ext: scan_ext/'s kernel; ref: the loop; auto: ext "
-                    "if it builds)", choices=SCAN_BACKENDS)
-    num_kv: int = opt(8192, "AR: key + value tokens", limits=(4, 10 ** 6))  # -- data
-    n_pairs: int | None = opt(None, "AR: key-value pairs per document", limits=(1, 500))
-    atr: str = opt("easy", "ATR setting (easy: Lmax 5, |Σ| 20; medium: Lmax 10; 8192: |Σ|)",
-                   choices=("easy", "medium", "8192"))
-    atr_query: str = opt("parent", "ATR: ask the word's parent or its rightmost sibling",
-                         choices=("parent", "sibling"))
-    held_out: float = opt(0.0, "ATR: share of label pairs asked by test documents only",
-                          limits=(0.0, 0.9))
-    grammar_seed: int = opt(42, "ATR: the grammar's seed (42: the official grammars)",
-                            limits=(0, 2 ** 32 - 1))  # numpy's legacy RNG takes 32 bits
-    n_train: int | None = opt(None, "training documents, replayed each epoch",
-                              limits=(1, 10 ** 6))
-    fresh_data: bool | None = opt(None, "a fresh batch every step instead of the fixed set")
-    bucket: int | None = opt(None, "batch documents by length in windows of this many "
-                             "batches", limits=(0, 10 ** 5))
-    n_eval: int = opt(320, "test documents evaluated (the paper: 320)", limits=(1, 10 ** 5))
-    steps: int | None = opt(None, "optimizer steps (or --epochs)", limits=(1, 10 ** 7))  # --
-    epochs: int | None = opt(None, "passes over the training set", limits=(1, 10 ** 4))
-    batch_size: int = opt(32, "training batch size", limits=(1, 4096))
-    lr: float | None = opt(None, "peak learning rate (paper: 3e-5 .. 3e-2)", limits=(0, 1.0))
-    warmup_frac: float | None = opt(None, "share of the steps in warmup", limits=(0.0, 0.99))
-    schedule: str | None = opt(None, "after warmup (wsd: hold the peak, then decay)",
-                               choices=("cosine", "linear", "wsd"))
-    decay_frac: float = opt(0.2, "wsd: share of the steps decaying", limits=(0.001, 1.0))
-    weight_decay: float = opt(0.0, "AdamW weight decay (the paper: 0)", limits=(0.0, 1.0))
-    eval_every: int | None = opt(None, "steps between evaluations and checkpoints",
-                                 limits=(1, 10 ** 7))
-    seed: int = opt(42, "seed of the data and the weights", limits=(0, 2 ** 32 - 1))
+    A, task=T) is `mech.py --arch A --task T`, and both refuse a bad value in the same words.
+    A field left None takes its architecture's or its preset's value."""
+    task: str = option("ar", "the task", choices=("ar", "atr"))  # -- what to train
+    arch: str = option("attention", "the architecture, a name in MIXERS")
+    preset: str = option("cpu", "the values of the fields 'from --preset' (cpu: for 2 CPU "
+                         "cores; paper: its protocol; class: a claim in minutes)",
+                         choices=("cpu", "paper", "class"))
+    d_model: int | None = option(None, "model width d (paper: 16 .. 256)", limits=(1, 1024))
+    n_layer: int = option(2, "number of blocks (the paper: 2)", "--layers", limits=(1, 16))
+    n_head: int = option(1, "attention / DeltaNet heads", "--heads", limits=(1, 64))
+    pos_emb: bool | None = option(None, "learned position embedding (attention's default)")
+    d_conv: int | None = option(None, "short-conv width, 0: none (mamba, delta_net: 4; "
+                                "based, base_conv: 3)", "--dconv", limits=(0, L_MAX))
+    long_conv: bool = option(False, "based / base_conv: the long conv for the short one")
+    hyena_d_skip: bool = option(True, "Hyena's D skip (the official runs zeroed it by a bug)")
+    value_corruption: str = option("value", "a corrupted Value becomes a value, or "
+                                   "(official) a key", choices=("value", "key"))
+    scan: str = option("auto", "Mamba layers' scan (ext: scan_ext/'s kernel; ref: the loop; "
+                       "auto: ext if it builds)", choices=SCAN_BACKENDS)
+    num_kv: int = option(8192, "AR: key + value tokens", limits=(4, 10 ** 6))  # -- data
+    n_pairs: int | None = option(None, "AR: key-value pairs per document", limits=(1, 500))
+    atr: str = option("easy", "ATR setting (easy: Lmax 5, |Σ| 20; medium: Lmax 10; 8192: "
+                      "|Σ|)", choices=("easy", "medium", "8192"))
+    atr_query: str = option("parent", "ATR: ask the word's parent or its rightmost sibling",
+                            choices=("parent", "sibling"))
+    held_out: float = option(0.0, "ATR: share of label pairs asked by test documents only",
+                             limits=(0.0, 0.9))
+    grammar_seed: int = option(42, "ATR: the grammar's seed (42: the official grammars)",
+                               limits=(0, 2 ** 32 - 1))  # numpy's legacy RNG takes 32 bits
+    n_train: int | None = option(None, "training documents, replayed each epoch",
+                                 limits=(1, 10 ** 6))
+    fresh_data: bool | None = option(None, "a fresh batch every step, not the fixed set")
+    bucket: int | None = option(None, "batch documents by length in windows of this many "
+                                "batches", limits=(0, 10 ** 5))
+    n_eval: int = option(320, "test documents evaluated (paper: 320)", limits=(1, 10 ** 5))
+    steps: int | None = option(None, "optimizer steps (or --epochs)",  # -- training
+                               limits=(1, 10 ** 7))
+    epochs: int | None = option(None, "passes over the training set", limits=(1, 10 ** 4))
+    batch_size: int = option(32, "training batch size", limits=(1, 4096))
+    lr: float | None = option(None, "peak learning rate (paper: 3e-5 .. 3e-2)",
+                              limits=(0, 1.0))
+    warmup_frac: float | None = option(None, "share of the steps in warmup",
+                                       limits=(0.0, 0.99))
+    schedule: str | None = option(None, "after warmup (wsd: hold the peak, then decay)",
+                                  choices=("cosine", "linear", "wsd"))
+    decay_frac: float = option(0.2, "wsd: share of the steps decaying", limits=(0.001, 1.0))
+    weight_decay: float = option(0.0, "AdamW weight decay (the paper: 0)", limits=(0.0, 1.0))
+    eval_every: int | None = option(None, "steps between evaluations and checkpoints",
+                                    limits=(1, 10 ** 7))
+    seed: int = option(42, "seed of the data and the weights", limits=(0, 2 ** 32 - 1))
 
     def __post_init__(self):
-        presets = {"cpu": self.cpu_preset, "paper": self.paper_preset,
-                   "class": self.class_preset}
-        if self.preset not in presets:
-            raise ValueError(f"unknown preset {self.preset!r}; choose from cpu, paper, class")
-        defaults = dict(pos_emb=self.arch == "attention", d_conv=DEFAULT_DCONV.get(self.arch))
-        defaults.update(presets[self.preset]())
-        if self.steps is not None or self.epochs is not None:  # a given length wins
-            del defaults["steps"], defaults["epochs"]
-        for name, value in defaults.items():
+        self.check_values()  # what was given, before the presets read it
+        for name, value in self.defaults().items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
-        self.check()
+        self.check_values()
+        problem = next(self.problems(), None)
+        if problem:
+            raise ValueError(problem)
+
+    def defaults(self) -> dict:
+        """The values of the fields left None: the architecture's, then the preset's."""
+        presets = {"cpu": self.cpu_preset, "paper": self.paper_preset,
+                   "class": self.class_preset}
+        out = dict(pos_emb=self.arch == "attention", d_conv=DEFAULT_DCONV.get(self.arch))
+        out.update(presets[self.preset]())
+        if self.steps is not None or self.epochs is not None:  # a given length wins
+            del out["steps"], out["epochs"]
+        return out
 
     def paper_preset(self) -> dict:
         """The paper's protocol (tinylang experiments/*.yaml; it reports the best of 5-7
@@ -783,26 +753,35 @@ class Config:
             return self.steps
         return self.epochs * (self.n_train // self.batch_size)
 
-    def check(self):
-        """Refuse, in a ValueError of one line, a value its field does not allow, then a
-        combination that cannot train."""
-        if self.arch not in MIXERS:
-            raise ValueError(f"unknown arch {self.arch!r}; choose from {', '.join(MIXERS)}")
+    def check_values(self):
+        """Refuse, in a ValueError of one line, a value of the wrong type or outside what its
+        field allows; None waits for the defaults where a field's default is None."""
         for f in dataclasses.fields(self):
-            value, allowed = getattr(self, f.name), f.metadata
+            value, allowed, kind = getattr(self, f.name), f.metadata, field_type(f)
+            if value is None and f.default is None:
+                continue
+            kinds = (int, float) if kind is float else kind  # a float field takes 1 for 1.0
+            if not isinstance(value, kinds) or isinstance(value, bool) != (kind is bool):
+                raise ValueError(f"{f.name} must be {kind.__name__}, got {value!r}")
             if allowed["choices"] and value not in allowed["choices"]:
                 raise ValueError(f"unknown {f.name} {value!r}; choose from "
                                  f"{', '.join(allowed['choices'])}")
             low, high = allowed["limits"] or (value, value)
-            if value is not None and not low <= value <= high:  # NaN fails too
+            if not low <= value <= high:  # NaN fails too
                 raise ValueError(f"{f.name} must be in [{low:,}, {high:,}], got {value}")
-        problem = next(self.problems(), None)
-        if problem:
-            raise ValueError(problem)
+        if self.arch not in MIXERS:
+            raise ValueError(f"unknown arch {self.arch!r}; choose from {', '.join(MIXERS)}")
 
     def problems(self):
-        """The combinations that cannot be trained, in words."""
-        d, arch = self.d_model, self.arch
+        """The combinations that cannot be trained, or that set a field this run never reads
+        (one left at its default is fine), in words."""
+        d, arch, defaults = self.d_model, self.arch, self.defaults()
+        if self.steps is not None and self.epochs is not None:
+            yield f"give steps ({self.steps}) or epochs ({self.epochs}), not both"
+        for name, (where, value) in APPLIES.items():
+            default = defaults.get(name, Config.__dataclass_fields__[name].default)
+            if getattr(self, where) != value and getattr(self, name) != default:
+                yield f"{name} applies where {where} is {value}, not {getattr(self, where)}"
         if d % self.n_head:
             yield f"d_model {d} is not divisible by n_head {self.n_head}"
         if self.n_head != 1 and arch not in ("attention", "delta_net"):
@@ -810,34 +789,140 @@ class Config:
         if arch == "h3" and d % 2:
             yield f"d_model {d}: h3 needs an even width (head_dim 2)"
         if self.d_conv is not None and arch not in DEFAULT_DCONV:
-            yield (f"--dconv {self.d_conv}: {arch} has no short conv (these have: "
+            yield (f"d_conv {self.d_conv}: {arch} has no short conv (these have: "
                    f"{', '.join(DEFAULT_DCONV)})")
         if self.d_conv == 0 and arch in ("based", "base_conv"):  # y = conv(u) ⊙ (W u + b) + u
-            yield f"--dconv 0: {arch}'s short-conv layers would mix no positions at all"
+            yield (f"d_conv 0: {arch}'s short-conv layers mix positions by that conv alone; "
+                   "give it a width of 1 or more")
         if self.long_conv and arch not in ("based", "base_conv"):
-            yield f"--long-conv applies to based and base_conv, not {arch}"
-        if self.num_kv % 2 or self.n_pairs > self.num_kv // 2:
+            yield f"long_conv applies to based and base_conv, not {arch}"
+        if self.task == "ar" and (self.num_kv % 2 or self.n_pairs > self.num_kv // 2):
             yield (f"AR needs an even num_kv (got {self.num_kv}) with a key for each of the "
                    f"n_pairs {self.n_pairs} (num_kv / 2)")
         if self.n_train < self.batch_size:
             yield f"n_train {self.n_train} is smaller than one batch ({self.batch_size})"
 
 
-class RunError(RuntimeError):
-    """A run that cannot go on (it diverged, a file is damaged), said in one line."""
+def init_weights(model: nn.Module, cfg: Config):
+    """The official init, after the modules' own. zoology (not Mamba): Linear and embedding
+    weights ~ N(0, 0.02), biases 0, and weights *named* out_proj.weight, fc2.weight or
+    output_linear.0.weight ~ N(0, 0.02/√(2 n_layer)) (not H3's output_linear, Based's proj_o).
+    mamba_ssm: the same embeddings and biases (not dt_proj's), out_proj kaiming / √n_layer.
+    Each block takes its own kind's, so that a hybrid's layers are initialised as alone."""
+    in_mamba = tuple(f"blocks.{i}." for i, block in enumerate(model.blocks) if block.mamba)
+    rescaled = ("out_proj.weight", "fc2.weight", "output_linear.0.weight")
+    for name, m in model.named_modules():
+        mamba = name.startswith(in_mamba)
+        if isinstance(m, nn.Embedding) or isinstance(m, nn.Linear) and not mamba:
+            nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None and not name.endswith("dt_proj"):
+            nn.init.zeros_(m.bias)
+    for name, w in model.named_parameters():
+        mamba = name.startswith(in_mamba)
+        if mamba and name.endswith("out_proj.weight"):
+            nn.init.kaiming_uniform_(w, a=math.sqrt(5))
+            w.data /= math.sqrt(cfg.n_layer)  # .data: an init, not a step autograd should see
+        elif not mamba and name.endswith(rescaled):
+            nn.init.normal_(w, std=0.02 / math.sqrt(2 * cfg.n_layer))
 
 
-class Stopped(KeyboardInterrupt):
-    """A run stopped by Ctrl-C, SIGTERM or SIGHUP (appendix); the same command goes on. A
-    KeyboardInterrupt, so that no `except Exception` swallows it."""
+class LanguageModel(nn.Module):
+    """Embeddings, blocks, LayerNorm, tied head. Official: tinylang/model/arch/zoology.py."""
 
+    def __init__(self, cfg: Config, vocab_size: int):
+        super().__init__()
+        d = cfg.d_model
+        self.tok_emb = nn.Embedding(vocab_size, d)
+        self.pos_emb = nn.Embedding(L_MAX, d) if cfg.pos_emb else None
+        self.blocks = nn.ModuleList(Block(d, MIXERS[cfg.arch](cfg, i))
+                                    for i in range(cfg.n_layer))
+        self.norm_f = nn.LayerNorm(d)
+        init_weights(self, cfg)
 
-STOP = []  # the stop signals caught (appendix); train() obeys them between two steps
+    def forward(self, ids, at=None):
+        """Logits (b, l, V), or (b, V) at the positions `at` (b,): the head costs the most."""
+        if ids.shape[1] > L_MAX:
+            raise ValueError(f"sequence length {ids.shape[1]} exceeds L_MAX = {L_MAX}")
+        x = self.tok_emb(ids)                                       # (b, l, d)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb.weight[:ids.shape[1]]
+        for block in self.blocks:
+            x = block(x)                                            # (b, l, d)
+        if at is not None:
+            x = x[torch.arange(len(x), device=x.device), at]        # (b, d)
+        return F.linear(self.norm_f(x), self.tok_emb.weight)        # (b, [l,] V), tied
 
 
 def build_model(cfg: Config, vocab_size: int) -> LanguageModel:
+    """The model of cfg, its weights drawn from cfg.seed; a mixer's own error in one line."""
     torch.manual_seed(cfg.seed)
-    return LanguageModel(cfg, vocab_size)
+    try:
+        return LanguageModel(cfg, vocab_size)
+    except Exception as e:
+        raise ValueError(f"mixer {cfg.arch!r} fails: {type(e).__name__}: {e}") from None
+
+
+@torch.no_grad()
+def check_mixers(model: LanguageModel, arch: str, length: int) -> None:
+    """Try each layer's mixer as the run uses it (eval mode, `length` tokens); refuse, in one
+    line, one that mixer_problem finds wrong. train() asks before training and at each
+    evaluation, for a mixer may learn to look ahead."""
+    d, g = model.tok_emb.embedding_dim, torch.Generator().manual_seed(0)  # its own inputs
+    x = torch.randn(1, length, d, generator=g).to(model.tok_emb.weight.device)  # (1, l, d)
+    for layer, block in enumerate(model.blocks):
+        if not isinstance(block.mixer, nn.Module):
+            raise ValueError(f"mixer {arch!r}: its factory returned a "
+                             f"{type(block.mixer).__name__}, not a torch module")
+        was_training = block.mixer.training
+        try:
+            with torch.random.fork_rng(devices=[]):  # the run's random numbers stay as they were
+                problem = mixer_problem(block.mixer.eval(), x, g)
+        except Exception as e:  # its own error, in one line
+            problem = f"fails: {type(e).__name__}: {e}"
+        finally:
+            block.mixer.train(was_training)
+        if problem:
+            raise ValueError(f"mixer {arch!r} (layer {layer}) {problem}")
+
+
+def mixer_problem(mixer: nn.Module, x: torch.Tensor, g: torch.Generator) -> str | None:
+    """What is wrong with a mixer on x (1, l, d), in words: it must keep (b, l, d) and stay
+    finite; its own sites must be submodules with (b, l, ·) outputs, not named as a block's;
+    and it must be causal: for every position i, an input changed from i on leaves every
+    output before i as it was."""
+    own, outs = getattr(mixer, "sites", {}), {}
+    if set(own) & set(SITES):
+        return f"names a site {', '.join(set(own) & set(SITES))}, a block's; choose another"
+    hooks = [mixer.get_submodule(path).register_forward_hook(
+        lambda m, args, out, site=site: outs.setdefault(site, out)) for site, path in own.items()]
+    y = mixer(x)
+    for hook in hooks:
+        hook.remove()
+    if not isinstance(y, torch.Tensor) or y.shape != x.shape:
+        shape = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
+        return f"maps {tuple(x.shape)} to {shape}; a mixer keeps (b, l, d)"
+    if not y.isfinite().all():
+        return "returns NaN or inf on a random input"
+    for site in own:
+        if not isinstance(outs.get(site), torch.Tensor) or outs[site].shape[:2] != x.shape[:2]:
+            return f"has a site {site!r} whose output is no (b, l, ...) tensor"
+    l = x.shape[1]
+    later = torch.arange(l)[:, None] <= torch.arange(l)                    # (l, l): i <= t
+    for rows in torch.arange(l).split(64):  # document i: x with its positions i.. another's
+        other = torch.randn(len(rows), l, x.shape[2], generator=g).to(x.device)
+        xs = torch.where(later[rows, :, None].to(x.device), other, x)      # (rows, l, d)
+        moved = (mixer(xs) - y).abs().amax(-1).cpu() > 1e-4 * (1 + y.abs().max().item())
+        moved &= ~later[rows]
+        if moved.any():
+            i, t = moved.nonzero()[0].tolist()
+            return (f"is not causal: its output at position {t} changes with the input at "
+                    f"position {rows[i]}")
+    return None
+
+
+# 5. Training ------------------------------------------------------------------------------
+class RunError(RuntimeError):
+    """A run that cannot go on (it diverged, a file is damaged), said in one line."""
 
 
 def lr_at(step: int, cfg: Config) -> float:
@@ -848,10 +933,10 @@ def lr_at(step: int, cfg: Config) -> float:
         return cfg.lr * step / warm
     if cfg.schedule == "wsd":
         return cfg.lr * min(1.0, (total - step) / max(1, int(cfg.decay_frac * total)))
-    progress = (step - warm) / max(1, total - warm)
+    past = (step - warm) / max(1, total - warm)  # the share of the decay behind
     if cfg.schedule == "linear":
-        return cfg.lr * max(0.0, 1 - progress)
-    return cfg.lr * 0.5 * (1 + math.cos(math.pi * progress))
+        return cfg.lr * max(0.0, 1 - past)
+    return cfg.lr * 0.5 * (1 + math.cos(math.pi * past))
 
 
 @torch.no_grad()
@@ -898,6 +983,23 @@ def training_batches(cfg: Config, task, device) -> tuple:
     return (lambda step: batches[step % per_epoch].to(device)), train_set.trim().ids.shape[1]
 
 
+def engine(model: LanguageModel, device) -> dict:
+    """What decides a run's numbers besides its Config, recorded in metrics.json and checked
+    on a resume: the device; the CPU's vector width, by which torch's kernels round; the
+    thread count, each summing in its own order; torch; Mamba's scan, here built (scan_ext's
+    build key) or the loop (None); a model without Mamba layers has no scan ("")."""
+    scan = ""
+    for mamba in [m for m in model.modules() if isinstance(m, Mamba)][:1]:
+        try:
+            kernel = mamba.scan != "ref" and scan_ext.kernel(torch.device(device),
+                                                             required=mamba.scan == "ext")
+        except RuntimeError as e:  # --scan ext where it cannot build: one line
+            raise RunError(str(e)) from None
+        scan = scan_ext.build_key if kernel else None
+    return dict(device=torch.device(device).type, cpu=torch.backends.cpu.get_cpu_capability(),
+                threads=torch.get_num_threads(), torch=str(torch.__version__), scan=scan)
+
+
 # A run's folder holds config.json (which run it is, written first), checkpoint.pt (while it
 # trains), then model.pt and metrics.json. Files are written by `save`, read within `reading`.
 def stored(cfg: Config) -> dict:
@@ -913,7 +1015,7 @@ def identity(cfg: Config) -> dict:
 
 def save(path: str, obj) -> None:
     """Write a file under a temporary name, then rename it: a stop, a kill or a full disk
-    leaves the old file (or none), never half of one."""
+    leaves the old file (or none), never half of one; a failure is one line."""
     tmp = path + ".tmp"
     try:
         if path.endswith(".json"):
@@ -922,6 +1024,9 @@ def save(path: str, obj) -> None:
         else:
             torch.save(obj, tmp)
         os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:  # torch.save's is a RuntimeError
+        why = (str(e).strip().splitlines() or [""])[0][:200]
+        raise RunError(f"{path} could not be written ({type(e).__name__}: {why})") from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -935,8 +1040,8 @@ def reading(path: str):
         yield
     except Exception as e:
         why = (str(e).strip().splitlines() or [""])[0][:200]
-        raise RunError(f"{path} cannot be used ({type(e).__name__}: {why}); move it away, "
-                       "and the same command redoes what it held") from None
+        raise RunError(f"{path} cannot be used ({type(e).__name__}: {why}); repair or move "
+                       "it, or choose another --out") from None
 
 
 def stored_identity(out: str) -> dict | None:
@@ -952,12 +1057,27 @@ def stored_identity(out: str) -> dict | None:
     return theirs | ({"mixer_code": code} if code else {})
 
 
-def finished(out: str | None, cfg: Config) -> dict | None:
-    """The metrics of this very run if `out` holds it finished (model.pt, metrics.json)."""
-    if out is None or stored_identity(out) != identity(cfg):
-        return None
+def claim(out: str, cfg: Config) -> None:
+    """Make `out` this run's folder: a new or empty one gets its config.json, one with this
+    run's is taken; any other is refused, and nothing in it is touched."""
+    os.makedirs(out, exist_ok=True)
+    theirs, mine = stored_identity(out), identity(cfg)
+    if theirs is None:
+        files = sorted(f for f in os.listdir(out) if not f.endswith(".tmp"))  # a kill's
+        if files:
+            raise RunError(f"{out} holds {', '.join(files)} but no config.json of a run; "
+                           "choose another --out")
+        save(os.path.join(out, "config.json"), stored(cfg))
+    elif theirs != mine:
+        diff = ", ".join(f"{k} {theirs.get(k)} (asked: {mine.get(k)})"
+                         for k in theirs | mine if theirs.get(k) != mine.get(k))
+        raise RunError(f"{out} holds another run ({diff}); choose another --out")
+
+
+def finished(out: str, cfg: Config) -> dict | None:
+    """The metrics of this run if its folder `out` holds it finished (metrics.json)."""
     path = os.path.join(out, "metrics.json")
-    if not os.path.exists(path) or not os.path.exists(os.path.join(out, "model.pt")):
+    if stored_identity(out) != identity(cfg) or not os.path.exists(path):
         return None
     with reading(path), open(path) as f:
         metrics = json.load(f)
@@ -968,71 +1088,67 @@ def finished(out: str | None, cfg: Config) -> dict | None:
 
 def train(cfg: Config, out: str | None = None, device="cpu", log=print,
           dynamics: bool = True) -> tuple:
-    """Train one model -> (model, metrics). With `out`, the run lives in that folder: a
-    stopped run resumes exactly, and a finished one is loaded, not trained again."""
-    # the task (section 1 or 7): a finished run is loaded; else documents, model, optimizer
+    """Train one model -> (model, metrics). With `out`, the run lives in that folder: a run
+    stopped or killed resumes exactly from its last evaluation, and a finished one is loaded,
+    not trained again (its model None if model.pt is gone)."""
     task = make_task(cfg)
-    metrics = finished(out, cfg)
+    metrics = None if out is None else finished(out, cfg)
     if metrics is not None:
-        model = build_model(cfg, task.vocab_size).to(device)
-        with reading(os.path.join(out, "model.pt")):
-            model.load_state_dict(torch.load(os.path.join(out, "model.pt"), device))
         log(f"{out} already holds this run")
-        return model, metrics
+        return load_model(cfg, task, out, device), metrics
     batch_at, longest = training_batches(cfg, task, device)
     test = task.sample(cfg.n_eval, rng_for(cfg.seed, "test"), split="test").to(device)
     dev_docs = None  # --held-out: the test documents ask held-out pairs only, dev ones others
     if cfg.held_out:
         dev_docs = task.sample(cfg.n_eval, rng_for(cfg.seed, "dev"), split="dev").to(device)
-    check_mixer(cfg, max(longest, test.ids.shape[1]))  # tried at the lengths this run uses
+    length = max(longest, test.ids.shape[1])  # the longest input a mixer meets
     model = build_model(cfg, task.vocab_size).to(device)
+    now = engine(model, device)  # before the probe, which may build Mamba's scan
+    check_mixers(model, cfg.arch, length)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8,
                                   weight_decay=cfg.weight_decay, fused=True)
-    # the run folder: refuse another run's; resume from its checkpoint if there is one
-    step, elapsed = 0, 0.0
-    curve, loss_sum = [], torch.zeros((), device=device)
+    step, elapsed, curve = 0, 0.0, []
+    loss_sum = torch.zeros((), device=device)
+    checkpoint = None if out is None else os.path.join(out, "checkpoint.pt")
     if out is not None:
-        os.makedirs(out, exist_ok=True)
-        theirs, mine = stored_identity(out), identity(cfg)
-        if theirs is None:
-            save(os.path.join(out, "config.json"), stored(cfg))
-        elif theirs != mine:
-            diff = ", ".join(f"{k} {theirs.get(k)} (asked: {mine.get(k)})"
-                             for k in theirs | mine if theirs.get(k) != mine.get(k))
-            raise RunError(f"{out} holds another run ({diff}); choose another --out")
-        checkpoint = os.path.join(out, "checkpoint.pt")
-        if os.path.exists(checkpoint):
-            with reading(checkpoint):
-                state = torch.load(checkpoint, device)
-                if state["identity"] != identity(cfg):
-                    raise ValueError("a checkpoint of another run")
-                model.load_state_dict(state["model"])
-                optimizer.load_state_dict(state["optimizer"])
-                step, curve = state["step"], state["curve"]
-                elapsed = state["elapsed"]
-                loss_sum.fill_(state["loss_sum"])
-                torch.set_rng_state(state.get("rng", torch.get_rng_state()).cpu())  # dropout
-            log(f"resuming {out} at step {step:,}")
-    n_params = sum(p.numel() for p in model.parameters())
+        claim(out, cfg)
+    if checkpoint is not None and os.path.exists(checkpoint):  # resume the run
+        with reading(checkpoint):
+            state = torch.load(checkpoint, device)
+            if state["identity"] != identity(cfg):
+                raise ValueError("a checkpoint of another run")
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            step, curve, elapsed = state["step"], state["curve"], float(state["elapsed"])
+            if not isinstance(step, int) or step != (curve[-1]["step"] if curve else 0):
+                raise ValueError(f"its step {step!r} is not its last evaluation's")
+            loss_sum.fill_(state["loss_sum"])
+            torch.set_rng_state(state["rng"].cpu())  # for a mixer of your own that draws
+            then, refused = dict(state["engine"]), state["refused"]
+        if refused:
+            raise RunError(refused)
+        if then != now:  # another thread count, scan or CPU: not this run's numbers
+            diff = ", ".join(f"{k} {then.get(k)} (here: {now[k]})" for k in now
+                             if then.get(k) != now[k])
+            raise RunError(f"{checkpoint} was trained to step {step:,} with {diff}; resume "
+                           "it with the same (--threads), or --force to start over")
+        log(f"resuming {out} at step {step:,}")
+    n_params = sum(w.numel() for w in model.parameters())
     log(f"{cfg.arch} on {cfg.task}: d={cfg.d_model}, {cfg.n_layer} layers, {n_params:,} "
-        f"parameters, {cfg.total_steps:,} steps, lr {cfg.lr:g}, {torch.device(device).type}, "
-        f"{torch.get_num_threads()} thread(s)")
-    start, t0 = step, time.time()
+        f"parameters, {cfg.total_steps:,} steps, lr {cfg.lr:g}, {now['device']}, "
+        f"{now['threads']} thread(s)")
+    start, t0, cpu0, told = step, time.time(), time.process_time(), False
 
-    def save_checkpoint(step: int):  # all that resumes the run exactly
+    def save_checkpoint(step: int, refused: str = ""):  # all that resumes the run exactly
         if out is not None:
             save(checkpoint, dict(
                 model=model.state_dict(), optimizer=optimizer.state_dict(), step=step,
                 curve=curve, loss_sum=loss_sum.item(), elapsed=elapsed + time.time() - t0,
-                identity=identity(cfg), rng=torch.get_rng_state()))
+                identity=identity(cfg), rng=torch.get_rng_state(), engine=now,
+                refused=refused))
 
     for step in range(start, cfg.total_steps):
-        if STOP:  # Ctrl-C, SIGTERM or SIGHUP came during the last step: save it all, stop
-            save_checkpoint(step)
-            raise Stopped(f"stopped at step {step:,} of {cfg.total_steps:,}; " + (
-                "the same command resumes it" if out else "nothing saved (no --out)"))
-        # one optimisation step
-        batch = batch_at(step)
+        batch = batch_at(step)  # one optimisation step
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
         loss = F.cross_entropy(model(batch.ids, at=batch.pos["query"]), batch.answer)
@@ -1042,6 +1158,12 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
         loss_sum += loss.detach()  # no .item() here: it would wait for a GPU every step
         done = step + 1
         if done % cfg.eval_every and done != cfg.total_steps:
+            if not told and time.time() - t0 > 30:  # a slow start is said, once
+                told = True
+                log(f"step {done:,}/{cfg.total_steps:,} | "
+                    f"{(done - start) / (time.time() - t0):5.1f} steps/s | the first "
+                    f"evaluation at step {(start // cfg.eval_every + 1) * cfg.eval_every:,}"
+                    + busy(time.time() - t0, time.process_time() - cpu0))
             continue
         # every eval_every steps and at the end: evaluate, watch the mechanism, checkpoint
         train_loss = loss_sum.item() / (done - (curve[-1]["step"] if curve else 0))
@@ -1049,19 +1171,28 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
         uniform = math.log(task.vocab_size)  # the loss of a uniform guess
         if not train_loss < 2 * uniform:  # NaN too
             raise RunError(f"the training loss reached {train_loss:.4g} by step {done} (a "
-                           f"uniform guess: {uniform:.2f}); try a lower --lr than {cfg.lr:g}")
+                           f"uniform guess: {uniform:.2f}): it diverged (a lower --lr than "
+                           f"{cfg.lr:g} may help) or the model computes NaN or inf")
         ev = evaluate(model, test)
         point = dict(step=done, train_loss=round(train_loss, 5),
                      test_loss=round(ev["loss"], 5), accuracy=ev["accuracy"],
                      time_s=round(elapsed + time.time() - t0, 2))
         if dev_docs is not None:
             point["dev_accuracy"] = evaluate(model, dev_docs)["accuracy"]
-        if dynamics:  # the mechanism while it forms (section 6)
+        if dynamics:  # the mechanism while it forms: watch_mechanism, section 6 (ahead)
             point["attrib"] = watch_mechanism(model, task, test, cfg)
         curve.append(point)
-        log(progress(point, cfg.total_steps, (done - start) / (time.time() - t0),
-                     PAPER_FILTER[cfg.task]))
-        save_checkpoint(done)  # so that a kill -9 loses at most eval_every steps
+        try:  # the mixers as trained so far: still causal?
+            check_mixers(model, cfg.arch, length)
+        except ValueError as e:
+            refused = f"{e} by step {done:,}: the run is refused, its results unreported"
+            save_checkpoint(done, refused)
+            raise RunError(refused) from None
+        rate = (done - start) / (time.time() - t0)  # PAPER_FILTER: section 6, ahead
+        log(progress_line(point, cfg.total_steps, rate, PAPER_FILTER[cfg.task]) + (
+            "" if told else busy(time.time() - t0, time.process_time() - cpu0)))
+        told = True
+        save_checkpoint(done)  # so that a stop or a kill -9 loses at most eval_every steps
     # finished: the metrics (the last evaluation's), the model; the checkpoint goes last
     run_time, final = time.time() - t0, curve[-1]
     dev_accuracy = {k: final[k] for k in ["dev_accuracy"] if k in final}
@@ -1069,8 +1200,7 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
                    steps=cfg.total_steps, **dev_accuracy,
                    wall_time_s=round(elapsed + run_time, 2),
                    steps_per_s=round((cfg.total_steps - start) / run_time, 2),
-                   n_params=n_params, threads=torch.get_num_threads(),
-                   device=torch.device(device).type, torch=torch.__version__, curve=curve)
+                   n_params=n_params, **now, curve=curve)
     if out is not None:
         save(os.path.join(out, "model.pt"), model.state_dict())
         save(os.path.join(out, "metrics.json"), metrics)
@@ -1078,14 +1208,34 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
     return model, metrics
 
 
-def progress(point: dict, total: int, rate: float, min_effect: float) -> str:
+def load_model(cfg: Config, task, out: str, device) -> LanguageModel | None:
+    """The finished run's model from its model.pt, None if there is none."""
+    path = os.path.join(out, "model.pt")
+    if not os.path.exists(path):
+        return None
+    model = build_model(cfg, task.vocab_size).to(device)
+    with reading(path):
+        model.load_state_dict(torch.load(path, device))
+    return model
+
+
+def busy(seconds: float, cpu_seconds: float) -> str:
+    """The end of the first progress line: on a busy machine (the run's threads had less than
+    one core's time), a hint that one thread may be faster; else nothing."""
+    if torch.get_num_threads() == 1 or cpu_seconds >= 0.8 * seconds:
+        return ""
+    return (f" | the machine is busy (this run had {cpu_seconds / seconds:.0%} of a core): "
+            "--threads 1 may be faster, though its numbers are another run's")
+
+
+def progress_line(point: dict, total: int, rate: float, min_effect: float) -> str:
     """A line per evaluation: loss, accuracy, Attribs where the Key matters, time left."""
     dev = f" (dev {point['dev_accuracy']:.3f})" if "dev_accuracy" in point else ""
     a, attrib = point.get("attrib"), ""
     if a is not None:
         attrib = f" | Key effect {a['effect']:.3f}"
     if a is not None and a["effect"] >= min_effect:
-        attrib += ", Attrib K/V/Q " + "/".join(f"{a['main'][p]:.2f}" for p in a["main"])
+        attrib += ", Attrib K/V/Q " + "/".join(f"{x:.2f}" for x in a["main"].values())
     return (f"step {point['step']:>7,}/{total:,} | loss {point['train_loss']:.4f} | test acc "
             f"{point['accuracy']:.3f}{dev}{attrib} | {rate:5.1f} steps/s | ETA "
             f"{(total - point['step']) / rate / 60:5.1f} min")
@@ -1101,12 +1251,7 @@ def progress(point: dict, total: int, rate: float, min_effect: float) -> str:
 # follows that key" at the Value; the last matches the Query against it); @Query ≈ 1: the
 # answer was retrieved already; @Key ≈ 1: the last layer reads the Key's position itself.
 # Official implementation: aryamanarora/tinylang, tinylang/eval/interchange.py (with pyvene).
-SITES = {  # site -> (module inside blocks[i], hook on its input "in" or its output "out")
-    "block_input": ("", "in"), "block_output": ("", "out"),  # the residual stream
-    "mixer_input": ("mixer", "in"), "mixer_output": ("mixer", "out"),  # before the add
-    "mlp_input": ("mlp", "in"), "mlp_output": ("mlp", "out")}
-# A mixer may add sites, a dict `sites` {site: its submodule whose output is patched}: Mamba's
-# {"conv_output": "conv_out"}, its short conv's output.
+# The sites are section 4's SITES, in every block, and each mixer's own.
 POSITIONS = ("key", "value", "value+1", "value+2", "divider", "query")
 # Value+1 (in AR the next key) or Value+2 may be the divider or the Query: their cells average
 # only the documents where they are not.
@@ -1127,27 +1272,26 @@ def positions(data: Examples, name: str) -> torch.Tensor:
 
 def distinct(data: Examples, name: str) -> torch.Tensor:
     """(n,) bool: the documents where position `name` is no other named position."""
-    return torch.stack([positions(data, name) != data.pos[p]
-                        for p in POSITIONS if "+" not in p and p != name]).all(0)
+    return torch.stack([positions(data, name) != data.pos[other]
+                        for other in POSITIONS if "+" not in other and other != name]).all(0)
 
 
-def site_paths(block: Block) -> dict:
-    """{site: (path in the block, "in" or "out")}: SITES but an absent MLP's, the mixer's."""
-    paths = {site: where for site, where in SITES.items()
-             if where[0] != "mlp" or block.mlp is not None}
-    return paths | {site: ("mixer." + path, "out")
-                    for site, path in getattr(block.mixer, "sites", {}).items()}
-
-
-def sites_of(model: LanguageModel) -> list:
-    """The (site, layer)s of this model."""
-    return [(site, layer) for layer, block in enumerate(model.blocks)
-            for site in site_paths(block)]
+def sites_in(model: LanguageModel) -> dict:
+    """{(site, layer): (module path in the block, "in" or "out")}: SITES in every block but
+    an absent MLP's, and the mixer's own."""
+    out = {}
+    for layer, block in enumerate(model.blocks):
+        for site, where in SITES.items():
+            if where[0] != "mlp" or block.mlp is not None:
+                out[site, layer] = where
+        for site, path in getattr(block.mixer, "sites", {}).items():
+            out[site, layer] = ("mixer." + path, "out")
+    return out
 
 
 def intervene(model: LanguageModel, site: str, layer: int, fn):
     """Hook act = fn(act) (act: b, l, width) on (site, layer); `with` or .remove() ends it."""
-    path, side = site_paths(model.blocks[layer])[site]
+    path, side = sites_in(model)[site, layer]
     module = model.blocks[layer].get_submodule(path)
     if side == "in":
         return module.register_forward_pre_hook(lambda m, args: (fn(args[0]), *args[1:]))
@@ -1188,7 +1332,8 @@ def interchange(model: LanguageModel, task, data: Examples, corrupted: str = "ke
     model.eval()
     rng = rng_for(seed, f"corrupt-{corrupted}")
     if cells is None:
-        cells = [(site, layer, p) for site, layer in sites_of(model) for p in POSITIONS]
+        cells = [(site, layer, position) for site, layer in sites_in(model)
+                 for position in POSITIONS]
     clean, corr = [], []  # p(answer) per batch
     patch = {cell: [] for cell in cells}
     for i in range(0, len(data), batch_size):
@@ -1201,27 +1346,27 @@ def interchange(model: LanguageModel, task, data: Examples, corrupted: str = "ke
         for hook in hooks:
             hook.remove()
         corr.append(p_answer(model, batch, bad_ids).double())
-        for site, layer, p in patch:
-            pos = positions(batch, p)
-            with intervene(model, site, layer, patched(pos, cache[site, layer][rows, pos])):
-                patch[site, layer, p].append(p_answer(model, batch, bad_ids).double())
+        for site, layer, position in patch:
+            where = positions(batch, position)
+            with intervene(model, site, layer, patched(where, cache[site, layer][rows, where])):
+                patch[site, layer, position].append(p_answer(model, batch, bad_ids).double())
     model.train(was_training)
     clean, corr = torch.cat(clean), torch.cat(corr)  # (n,) per document
-    mask = {p: distinct(data, p) for p in POSITIONS}
+    mask = {position: distinct(data, position) for position in POSITIONS}
     out = []
-    for (site, layer, p), ps in patch.items():
-        m = mask[p]
+    for (site, layer, position), ps in patch.items():
+        m = mask[position]
         p_clean = clean[m].mean().item()
         p_corr = corr[m].mean().item()
         p_patch = torch.cat(ps)[m].mean().item()
         effect = p_clean - p_corr or math.nan  # no effect (or no document): undefined
-        out.append(dict(corrupted=corrupted, site=site, layer=layer, position=p,
+        out.append(dict(corrupted=corrupted, site=site, layer=layer, position=position,
                         n=int(m.sum()), p_clean=p_clean, p_corr=p_corr, p_patch=p_patch,
                         attrib=(p_patch - p_corr) / effect))
     return out
 
 
-def main_site(n_layer: int) -> tuple:
+def verdict_site(n_layer: int) -> tuple:
     """(site, layer) the verdict reads: the last layer's input; with one layer, whose input is
     the embedding (patching the Key there undoes the corruption), its mixer's output."""
     if n_layer == 1:
@@ -1229,9 +1374,10 @@ def main_site(n_layer: int) -> tuple:
     return ("block_input", n_layer - 1)
 
 
-def main_setting(rows: list, n_layer: int, layer: int | None = None) -> dict:
-    """Attrib at the main setting (main_site; or block_input[layer]), Key corrupted."""
-    site, layer = main_site(n_layer) if layer is None else ("block_input", layer)
+def verdict_attribs(rows: list, n_layer: int, layer: int | None = None) -> dict:
+    """{position: Attrib} at verdict_site (or block_input[layer]), the Key corrupted: what
+    metrics.json keeps as the analysis's "main"."""
+    site, layer = verdict_site(n_layer) if layer is None else ("block_input", layer)
     return {r["position"]: r["attrib"] for r in rows
             if r["corrupted"] == "key" and r["site"] == site and r["layer"] == layer}
 
@@ -1244,7 +1390,7 @@ def key_effect(rows: list) -> float:
 
 def dominant(a: dict) -> str | None:
     """The position (key, value or query) that names the mechanism, if one does."""
-    a = {p: 0.0 if math.isnan(a[p]) else a[p] for p in ("key", "value", "query")}
+    a = {k: 0.0 if math.isnan(a[k]) else a[k] for k in ("key", "value", "query")}
     top, second = sorted(a, key=a.get, reverse=True)[:2]
     if a[top] >= VERDICT_DOMINANT and a[second] <= 1 - VERDICT_DOMINANT:
         return top
@@ -1255,12 +1401,14 @@ def verdict(rows: list, n_layer: int) -> str:
     """The mechanism in words, from Attrib at the first layer whose input no longer holds the
     Key (in deeper models the last layer's input shows @Query 1.00 for induction too)."""
     effect = key_effect(rows)
+    if math.isnan(effect):
+        return "no verdict: p(answer) is NaN"
     if effect < VERDICT_MIN_EFFECT:
         return (f"not learned: corrupting the Key moves p(answer) by only {effect:.3f} "
                 f"(< {VERDICT_MIN_EFFECT}), too little to attribute")
     layer = next((i for i in range(1, n_layer)
-                  if main_setting(rows, n_layer, i)["key"] < VERDICT_DOMINANT), None)
-    a = main_setting(rows, n_layer, layer)
+                  if verdict_attribs(rows, n_layer, i)["key"] < VERDICT_DOMINANT), None)
+    a = verdict_attribs(rows, n_layer, layer)
     if n_layer == 1:
         where = "by the one layer's mixer"
     elif layer in (None, n_layer - 1):
@@ -1275,33 +1423,33 @@ def verdict(rows: list, n_layer: int) -> str:
     top = dominant(a)
     if top:
         return names[top]
-    return "mixed: " + ", ".join(f"Attrib@{p.capitalize()} {a[p]:.2f}"
-                                 for p in ("key", "value", "query"))
+    return "mixed: " + ", ".join(f"Attrib@{k.capitalize()} {a[k]:.2f}"
+                                 for k in ("key", "value", "query"))
 
 
 def mechanism_report(rows: list, n_layer: int) -> str:
     """The printed table of Attrib, Key corrupted, and the verdict."""
     lines = ["Attrib (Key corrupted; rows: site[layer], columns: the patched position)",
-             f"{'':16s}" + "".join(f"{'@' + p:>10s}" for p in POSITIONS)]
+             f"{'':16s}" + "".join(f"{'@' + position:>10s}" for position in POSITIONS)]
     key_rows = [r for r in rows if r["corrupted"] == "key"]
     table = {}  # (site, layer) -> {position: Attrib}
     for r in key_rows:
         table.setdefault((r["site"], r["layer"]), {})[r["position"]] = r["attrib"]
     for (site, layer), cells in table.items():
-        mark = " <- main" if (site, layer) == main_site(n_layer) else ""
+        mark = " <- verdict" if (site, layer) == verdict_site(n_layer) else ""
         lines.append(f"{site + f'[{layer}]':16s}"
-                     + "".join(f"{cells[p]:10.3f}" for p in POSITIONS) + mark)
+                     + "".join(f"{cells[position]:10.3f}" for position in POSITIONS) + mark)
     lines.append("p(answer): clean {p_clean:.3f}, Key corrupted {p_corr:.3f}".format(
         **next(r for r in key_rows if r["position"] == "query")))
-    n = {r["position"]: r.get("n", 0) for r in key_rows}  # documents averaged
-    fewer = [f"@{p} {n[p]}" for p in POSITIONS if n[p] < n["query"]]
+    n = {r["position"]: r["n"] for r in key_rows}  # documents averaged
+    fewer = [f"@{position} {n[position]}" for position in POSITIONS if n[position] < n["query"]]
     if fewer:
         lines.append(f"documents averaged: {', '.join(fewer)} of {n['query']} "
                      "(in the others that position is another named one)")
-    conv = table.get(("conv_output", 0))
-    if conv and key_effect(rows) >= VERDICT_MIN_EFFECT:
-        line = (f"layer 0's short conv output restores Attrib {conv['key']:.2f} at the Key, "
-                f"{conv['value']:.2f} at the Value, {conv['value+1']:.2f} at Value+1")
+    convs = {layer: c for (site, layer), c in table.items() if site == "conv_output"}
+    for layer, conv in convs.items() if key_effect(rows) >= VERDICT_MIN_EFFECT else ():
+        line = (f"layer {layer}'s short conv output restores Attrib {conv['key']:.2f} at the "
+                f"Key, {conv['value']:.2f} at the Value, {conv['value+1']:.2f} at Value+1")
         if conv["value+1"] >= VERDICT_DOMINANT:
             line += ("; here the conv at the token after the Value (its window spans Key and "
                      "Value) carries the association")
@@ -1311,11 +1459,11 @@ def mechanism_report(rows: list, n_layer: int) -> str:
 
 def analyse(model: LanguageModel, cfg: Config, split: str = "test") -> dict:
     """Mechanistic evaluation on the test (--held-out: held-out pairs) or dev documents."""
-    task, dev = make_task(cfg), next(model.parameters()).device
-    data = task.sample(cfg.n_eval, rng_for(cfg.seed, split), split=split).to(dev)
+    task, device = make_task(cfg), next(model.parameters()).device
+    data = task.sample(cfg.n_eval, rng_for(cfg.seed, split), split=split).to(device)
     rows = (interchange(model, task, data, "key", cfg.seed, cfg.value_corruption)
             + interchange(model, task, data, "value", cfg.seed, cfg.value_corruption))
-    return dict(rows=rows, n_docs=len(data), main=main_setting(rows, cfg.n_layer),
+    return dict(rows=rows, n_docs=len(data), main=verdict_attribs(rows, cfg.n_layer),
                 verdict=verdict(rows, cfg.n_layer))
 
 
@@ -1327,11 +1475,11 @@ DYNAMICS_DOCS = 128  # its cost: figures/bench_dynamics.py
 
 def watched_cells(model: LanguageModel, n_layer: int) -> list:
     """The verdict's cells, each mixer's output at the Query, Mamba's conv at Value(+1)."""
-    site, layer = main_site(n_layer)
-    conv = [("conv_output", 0, p) for p in ("value", "value+1")]
-    return ([(site, layer, p) for p in ("key", "value", "query")]
+    site, layer = verdict_site(n_layer)
+    conv = [("conv_output", 0, position) for position in ("value", "value+1")]
+    return ([(site, layer, position) for position in ("key", "value", "query")]
             + [("mixer_output", i, "query") for i in range(n_layer)]
-            + (conv if ("conv_output", 0) in sites_of(model) else []))
+            + (conv if ("conv_output", 0) in sites_in(model) else []))
 
 
 def watch_mechanism(model: LanguageModel, task, test: Examples, cfg: Config) -> dict:
@@ -1350,14 +1498,13 @@ class Tree:
     """One sampled sentence: a dependency tree over its terminals, and the queried pair."""
     labels: list  # terminal labels 0 .. T-1, in sentence order (token id = 3 + label)
     parent: list  # index of each terminal's parent (to its right); -1 for the root's head
-    depth: list   # depth of each terminal in the derivation (the root's head and children: 1)
     query: int    # index of the queried terminal (the Key is at position 1 + query)
     target: int   # the answer's index: parent[query], or its sibling (the Value: 1 + target)
 
 
-def legacy_cdf(p) -> list:
+def legacy_cdf(probs) -> list:
     """The CDF numpy's legacy choice(p=...) builds: drawing by it gives the official draws."""
-    c = np.cumsum(p)
+    c = np.cumsum(probs)
     return (c / c[-1]).tolist()
 
 
@@ -1368,18 +1515,18 @@ class ATR:
     A constituent emits its children, then its head word: their parent (a head word's is the
     enclosing head), so the associations form a tree. The query repeats the rightmost terminal
     of its label (an unambiguous Key); query="sibling" asks its rightmost sibling (App. D.4).
-    split > 0 holds out that share of (parent, query) label pairs: only "test" asks them.
+    held_out > 0 holds out that share of (parent, query) label pairs: only "test" asks them.
     Official implementation: aryamanarora/tinylang, tinylang/language/pcfg.py (class PCFG);
     multihop/multihop_no_parent.yaml (sibling). Differences: none (the same legacy-numpy calls
     for the grammar; a legacy stream gives the official documents: tests/test_atr.py)."""
 
     def __init__(self, n_terminals: int = 20, max_rhs_len: int = 5, n_nonterminals: int = 40,
                  max_rules: int = 5, max_depth: int = 10, terminal_occurrence_factor=None,
-                 split: float = 0.0, grammar_seed: int = 42, max_length: int = 1024,
+                 held_out: float = 0.0, grammar_seed: int = 42, max_length: int = 1024,
                  query: str = "parent"):
         self.n_terminals, self.n_nonterminals = n_terminals, n_nonterminals
         self.max_rhs_len, self.max_rules = max_rhs_len, max_rules
-        self.max_depth, self.split = max_depth, split
+        self.max_depth, self.held_out = max_depth, held_out
         self.terminal_occurrence_factor = terminal_occurrence_factor
         self.max_length, self.query = max_length, query
         self.first_terminal, self.vocab_size = 3, n_terminals + 6  # + 3 unused query types
@@ -1388,59 +1535,58 @@ class ATR:
     def build_grammar(self, rs: np.random.RandomState):
         """The held-out pairs, then the grammar, from the legacy RNG in the official order.
         Symbols are ints: s < T is terminal s, s >= T is nonterminal s - T."""
-        T, N = self.n_terminals, self.n_nonterminals
-        # 1. held-out (parent label, query label) pairs, first: a split changes the grammar
-        self.held_out = rs.rand(T, T) < self.split if self.split > 0 else None
+        T, NT = self.n_terminals, self.n_nonterminals
+        # 1. the held-out (parent label, query label) pairs (T, T), first: they change the rest
+        self.held_pairs = rs.rand(T, T) < self.held_out if self.held_out > 0 else None
         # 2. levels 1..max_depth (official: max_depths); a rule uses higher ones only: all end
-        self.level = np.array([rs.randint(1, self.max_depth + 1) for _ in range(N)])
+        self.level = np.array([rs.randint(1, self.max_depth + 1) for _ in range(NT)])
         # 3. 1..max_rules rules of 1..max_rhs_len-1 uniform symbols; an occurrence factor f:
         #    one placeholder of weight f for all terminals, filled later (shapes ignore T)
         placeholder, rules = -1, []
-        for nt in range(N):
+        for nt in range(NT):
             n_rules = rs.randint(1, self.max_rules + 1)
-            allowed = [T + x for x in range(N) if self.level[x] > self.level[nt]]
-            symbols, p = allowed + list(range(T)), None
+            allowed = [T + x for x in range(NT) if self.level[x] > self.level[nt]]
+            symbols, probs = allowed + list(range(T)), None
             if self.terminal_occurrence_factor is not None:
-                p = np.append(np.ones(len(allowed)), self.terminal_occurrence_factor)
-                symbols, p = allowed + [placeholder], p / p.sum()
+                probs = np.append(np.ones(len(allowed)), self.terminal_occurrence_factor)
+                symbols, probs = allowed + [placeholder], probs / probs.sum()
             rules.append([])
             for _ in range(n_rules):
-                rhs = rs.choice(len(symbols), size=rs.randint(1, self.max_rhs_len), p=p)
+                rhs = rs.choice(len(symbols), size=rs.randint(1, self.max_rhs_len), p=probs)
                 rules[-1].append([symbols[i] for i in rhs])
         self.rules = [[tuple(rs.randint(T) if s == placeholder else s for s in rhs)
                        for rhs in nt_rules] for nt_rules in rules]
         # 4. rule probabilities, 5. head words (of all T terminals): Dirichlet(1)
         self.rule_probs = [rs.dirichlet(np.ones(len(nt_rules))) for nt_rules in self.rules]
-        self.head_probs = [rs.dirichlet(np.ones(T)) for _ in range(N)]
-        self.start_cdf = legacy_cdf(np.ones(N) / N)  # 6. a uniform start symbol (no draw)
-        self.rule_cdf = [legacy_cdf(p) for p in self.rule_probs]
-        self.head_cdf = [legacy_cdf(p) for p in self.head_probs]
+        self.head_probs = [rs.dirichlet(np.ones(T)) for _ in range(NT)]
+        self.start_cdf = legacy_cdf(np.ones(NT) / NT)  # 6. a uniform start symbol (no draw)
+        self.rule_cdf = [legacy_cdf(probs) for probs in self.rule_probs]
+        self.head_cdf = [legacy_cdf(probs) for probs in self.head_probs]
 
     def derive(self, rng: Generator | np.random.RandomState):
         """Expand a start symbol depth-first, left to right, drawing per constituent its rule,
         then its head word, as officially. A Tree without its query; None past max_length."""
-        labels, owner, depth = [], [], []  # owner: the constituent its parent heads
+        labels, owner = [], []  # owner: the constituent its parent heads
         T, head_at = self.n_terminals, []  # per constituent: the position of its head word
-        stack = [(T + bisect_right(self.start_cdf, rng.random()), -1, -1, 0)]
+        stack = [(T + bisect_right(self.start_cdf, rng.random()), -1, -1)]
         while stack:
             if len(labels) >= self.max_length:  # and more to come
                 return None
-            symbol, up, heads, d = stack.pop()  # its constituent, the one it heads, depth
+            symbol, up, heads = stack.pop()  # its constituent, the one it heads
             if symbol < T:  # a terminal: emit it
                 if heads >= 0:
                     head_at[heads] = len(labels)
                 labels.append(symbol)
                 owner.append(up)
-                depth.append(d)
                 continue
             c = len(head_at)  # a nonterminal: constituent c, its head word after its rhs
             head_at.append(-1)
             nt = symbol - T
             rhs = self.rules[nt][bisect_right(self.rule_cdf[nt], rng.random())]
-            stack.append((bisect_right(self.head_cdf[nt], rng.random()), up, c, d + 1))
-            stack.extend((s, c, -1, d + 1) for s in reversed(rhs))  # popped in order
+            stack.append((bisect_right(self.head_cdf[nt], rng.random()), up, c))
+            stack.extend((s, c, -1) for s in reversed(rhs))  # popped in order
         parent = [head_at[c] if c >= 0 else -1 for c in owner]
-        return Tree(labels, parent, depth, query=-1, target=-1)
+        return Tree(labels, parent, query=-1, target=-1)
 
     def eligible_pairs(self, tree: Tree, split: str = "train") -> list:
         """(query, target) pairs that may be asked, by target: a query rightmost of its label;
@@ -1449,9 +1595,9 @@ class ATR:
         if split not in ("train", "dev", "test"):
             raise ValueError(f"split must be 'train', 'dev' or 'test', not {split!r}")
         rightmost = {label: i for i, label in enumerate(tree.labels)}
-        held, test = self.held_out, split == "test"
-        last = {p: i for i, p in enumerate(tree.parent)}  # per parent: its rightmost child
-        target = tree.parent if self.query == "parent" else [last[p] for p in tree.parent]
+        held, test = self.held_pairs, split == "test"
+        last = {up: i for i, up in enumerate(tree.parent)}  # per parent: its rightmost child
+        target = tree.parent if self.query == "parent" else [last[up] for up in tree.parent]
         pairs = sorted((t, q) for q, (label, t) in enumerate(zip(tree.labels, target))
                        if t >= 0 and rightmost[label] == q
                        and (self.query == "parent" or rightmost[tree.labels[t]] == t)
@@ -1507,38 +1653,23 @@ ATR_SETTINGS = {  # §5.2 (tinylang languages/); pcfg_train_test_split: easy, --
     "medium": dict(n_terminals=20, max_rhs_len=10),  # pcfg_vary_difficulty/pcfg_10_20
     "8192": dict(n_terminals=8192, max_rhs_len=5,
                  terminal_occurrence_factor=20)}  # pcfg_vary_rhs_8192
-TASKS = {  # by Config.task
-    "ar": lambda cfg: AR(cfg.num_kv, cfg.n_pairs),
-    "atr": lambda cfg: ATR(**ATR_SETTINGS[cfg.atr], split=cfg.held_out, query=cfg.atr_query,
-                           grammar_seed=cfg.grammar_seed, max_length=L_MAX - 5)}
-
-
-def make_task(cfg: Config):
-    return TASKS[cfg.task](cfg)
+TASKS["atr"] = lambda cfg: ATR(**ATR_SETTINGS[cfg.atr], held_out=cfg.held_out,
+                               query=cfg.atr_query, grammar_seed=cfg.grammar_seed,
+                               max_length=L_MAX - 5)
 
 
 # Appendix: running it ---------------------------------------------------------------------
-# The command line: flags, stop signals, the device, what a run prints (its promises: --help).
+# The command line: flags, stops, the device, what a run prints (its promises: --help).
 import argparse  # noqa: E402
 import runpy  # noqa: E402
-import signal  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
 from hashlib import sha1  # noqa: E402
 
-RUN_FILES = ("config.json", "checkpoint.pt", "model.pt", "metrics.json")  # --force deletes
+RUN_FILES = ("config.json", "checkpoint.pt", "model.pt", "metrics.json",  # --force deletes
+             "mechanism.png", "dynamics.png")  # the last two: figures/plots.py's of the run
 FLAGS = {f.name: f.metadata["flag"] or "--" + f.name.replace("_", "-")  # field -> its flag
          for f in dataclasses.fields(Config)}
-
-
-def on_stop_signal(signum, frame):
-    """Ctrl-C, SIGTERM, SIGHUP: inside train() the stop waits for the end of the step (train
-    reads STOP); anywhere else it stops at once, every file whole (save)."""
-    STOP.append(signum)
-    while frame is not None and frame.f_code is not train.__code__:
-        frame = frame.f_back
-    if frame is None:
-        raise Stopped(f"stopped by {signal.Signals(signum).name}; the same command goes on")
 
 
 def say(message: str) -> None:
@@ -1549,27 +1680,24 @@ def say(message: str) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def choose_device(device: str, cfg: Config) -> str:
-    """auto, cpu, cuda or cuda:N; for Mamba, its scan compiled now, off the clock."""
+def choose_device(device: str) -> str:
+    """auto (cuda if there is one), cpu, cuda or cuda:N."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     n = torch.cuda.device_count()
     allowed = ["cpu"] + ["cuda"] * (n > 0) + [f"cuda:{i}" for i in range(n)]
     if device not in allowed:
         raise ValueError(f"unknown device {device!r}; choose from auto, {', '.join(allowed)}")
-    if cfg.arch == "mamba" and cfg.scan != "ref":
-        try:
-            scan_ext.kernel(torch.device(device), required=cfg.scan == "ext")
-        except RuntimeError as e:  # --scan ext where it cannot build: one line
-            raise RunError(str(e)) from None
     return device
 
 
 HELP = """Train one model of the paper on its task, save the run in --out, and show how it
-solved the task. Every field of mech.Config is a flag. For a given seed and thread count, a
-run is deterministic. Stopped (Ctrl-C, SIGTERM, SIGHUP), the same command resumes it exactly;
-killed, it loses at most --eval-every steps (a checkpoint at each evaluation). Finished, the
-same command prints its result and its table again."""
+solved the task. Every field of mech.Config is a flag. A run is deterministic for a given seed
+and thread count on one machine (its CPU, torch and scan kernel: metrics.json names them).
+Stopped (Ctrl-C, SIGTERM, SIGHUP) or killed, the same command resumes it exactly from its last
+evaluation (a checkpoint every --eval-every steps). Finished, the same command prints its
+result and table again, with or without its model.pt. A folder that is not the run's is
+refused, its files untouched."""
 EXAMPLES = """examples:
   python mech.py --arch mamba --task ar --dconv 4
   python mech.py --arch attention --task atr --atr easy --seed 43
@@ -1582,10 +1710,10 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> Parser:
-    p = Parser(prog="mech.py", description=HELP, epilog=EXAMPLES,
-               formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="mech.py", description=HELP, epilog=EXAMPLES,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     for f in dataclasses.fields(Config):
-        kind = getattr(f.type, "__args__", (f.type,))[0]
+        kind = field_type(f)
         extra = dict(type=kind)
         if kind is bool:
             extra = dict(action=argparse.BooleanOptionalAction)
@@ -1594,23 +1722,24 @@ def build_parser() -> Parser:
         allowed = f"; one of {', '.join(allowed)}" if allowed else ""
         if f.metadata["limits"]:
             allowed = "; {:,} .. {:,}".format(*f.metadata["limits"])
-        p.add_argument(*dict.fromkeys((FLAGS[f.name], "--" + f.name.replace("_", "-"))),
-                       dest=f.name, default=argparse.SUPPRESS, **extra,
-                       help=f"{f.metadata['help']}{allowed} (default: {default})")
-    p.add_argument("--out", help="run folder (default: runs/<task>_<arch>_..._<its hash>)")
-    p.add_argument("--device", default="auto", help="auto (cuda if there is one), cpu, cuda "
-                   "or cuda:N (default: auto)")
-    p.add_argument("--threads", type=int, help="CPU threads: each count sums in its own "
-                   "order, so the same count gives the same numbers (default: torch's)")
-    p.add_argument("--force", action="store_true", help="start the run in --out over "
-                   f"(deletes {', '.join(RUN_FILES)} there)")
-    p.add_argument("--interventions", default=True, action=argparse.BooleanOptionalAction,
-                   help="after training, the mechanistic evaluation (default: on)")
-    p.add_argument("--dynamics", default=True, action=argparse.BooleanOptionalAction,
-                   help="at each evaluation, the mechanism while it forms (default: on)")
-    p.add_argument("--mixer-file", metavar="FILE", action="append", help="a Python file to "
-                   "run first, one that registers a mixer of your own (mech.register_mixer)")
-    return p
+        parser.add_argument(*dict.fromkeys((FLAGS[f.name], "--" + f.name.replace("_", "-"))),
+                            dest=f.name, default=argparse.SUPPRESS, **extra,
+                            help=f"{f.metadata['help']}{allowed} (default: {default})")
+    parser.add_argument("--out", help="run folder (default: runs/<task>_<arch>_..._<its hash>)")
+    parser.add_argument("--device", default="auto", help="auto (cuda if there is one), cpu, "
+                        "cuda or cuda:N (default: auto)")
+    parser.add_argument("--threads", type=int, help="CPU threads: each count sums in its own "
+                        "order, so the same count gives the same numbers (default: torch's)")
+    parser.add_argument("--force", action="store_true", help="start the run in --out over "
+                        f"(deletes {', '.join(RUN_FILES)} there)")
+    parser.add_argument("--interventions", default=True, action=argparse.BooleanOptionalAction,
+                        help="after training, the mechanistic evaluation (default: on)")
+    parser.add_argument("--dynamics", default=True, action=argparse.BooleanOptionalAction,
+                        help="at each evaluation, the mechanism while it forms (default: on)")
+    parser.add_argument("--mixer-file", metavar="FILE", action="append", help="a Python file "
+                        "to run first, one that registers a mixer of your own "
+                        "(mech.register_mixer)")
+    return parser
 
 
 def run_mixer_files(paths) -> None:
@@ -1624,31 +1753,15 @@ def run_mixer_files(paths) -> None:
                 code = sha1(f.read() + code.encode()).hexdigest()
             if code not in MIXER_CODE.values():
                 runpy.run_path(path)
-        except Exception as e:  # its own error, in one line
+        except (Exception, SystemExit) as e:  # its own error or exit, in one line
             raise ValueError(f"--mixer-file {path}: {type(e).__name__}: {e}") from None
         MIXER_CODE.update(dict.fromkeys(set(MIXERS) - before, code))
 
 
-# Flags that apply only where another field has a value: flag -> (field, value)
-APPLIES = dict(num_kv=("task", "ar"), n_pairs=("task", "ar"), atr=("task", "atr"),
-               atr_query=("task", "atr"), held_out=("task", "atr"),
-               grammar_seed=("task", "atr"), scan=("arch", "mamba"),
-               hyena_d_skip=("arch", "hyena"), decay_frac=("schedule", "wsd"),
-               d_conv=("long_conv", False), bucket=("fresh_data", False))
-
-
 def config_from_args(args: argparse.Namespace) -> Config:
-    """The Config of the flags given, refusing flags that contradict or do not apply here."""
+    """The Config of the flags given (Config refuses what it refuses from Python)."""
     run_mixer_files(args.mixer_file)
-    given = {name: value for name, value in vars(args).items() if name in FLAGS}
-    if "steps" in given and "epochs" in given:
-        raise ValueError(f"give --steps ({args.steps}) or --epochs ({args.epochs}), not both")
-    cfg = Config(**given)
-    for name, (where, value) in APPLIES.items():
-        if name in given and getattr(cfg, where) != value:
-            raise ValueError(f"{FLAGS[name]} applies where {where} is {value}, not "
-                             f"{getattr(cfg, where)}")
-    return cfg
+    return Config(**{name: value for name, value in vars(args).items() if name in FLAGS})
 
 
 def default_out(cfg: Config) -> str:
@@ -1658,34 +1771,43 @@ def default_out(cfg: Config) -> str:
                                 f"_{digest}")
 
 
-def start_over(out: str) -> None:
-    """--force: delete a run's files, only where config.json is a run's (else: one line)."""
-    for name in RUN_FILES[::-1] if stored_identity(out) else ():  # config.json last: a stop
-        with contextlib.suppress(FileNotFoundError):  # half way leaves a run's folder
+def start_over(out: str, cfg: Config) -> None:
+    """--force: where config.json is a run's (else: one line), delete that run's files and
+    make the folder this run's (config.json last: a stop half way leaves a run's folder)."""
+    if stored_identity(out) is None:
+        return
+    for name in RUN_FILES[1:]:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(out, name))
+    save(os.path.join(out, "config.json"), stored(cfg))
 
 
 def run(cfg: Config, args) -> dict:
     """Train the run of `cfg` (or resume it, or show it if finished), then analyse it."""
     out = args.out or default_out(cfg)
     if args.force:
-        start_over(out)
-    device = choose_device(args.device, cfg)
+        start_over(out, cfg)
+    device = choose_device(args.device)
     model, metrics = train(cfg, out, device, log=say, dynamics=args.dynamics)
-    if STOP:  # a stop during the final writes: obeyed now
-        raise Stopped(f"stopped at the end of training; {out} holds the finished run")
-    right, minutes = round(metrics["accuracy"] * cfg.n_eval), metrics["wall_time_s"] / 60
-    say(f"{cfg.arch} on {cfg.task}: test accuracy {metrics['accuracy']:.3f} ({right}/"
-        f"{cfg.n_eval}) after {metrics['steps']:,} steps in {minutes:.1f} min "
-        f"({metrics['steps_per_s']:.1f} steps/s); saved in {out}")
-    if args.interventions and "interventions" not in metrics:
-        say("interventions: patching each site, layer and position, Key then Value corrupted")
-        metrics["interventions"] = analyse(model, cfg)
-        if cfg.held_out:  # §5.3 reads the dev documents too
-            metrics["interventions_dev"] = analyse(model, cfg, "dev")
-        save(os.path.join(out, "metrics.json"), metrics)
+    path = os.path.join(out, "metrics.json")
+    with reading(path):  # a finished run's file is shown whole, or refused in one line
+        right, minutes = round(metrics["accuracy"] * cfg.n_eval), metrics["wall_time_s"] / 60
+        say(f"{cfg.arch} on {cfg.task}: test accuracy {metrics['accuracy']:.3f} ({right}/"
+            f"{cfg.n_eval}) after {metrics['steps']:,} steps in {minutes:.1f} min "
+            f"({metrics['steps_per_s']:.1f} steps/s); saved in {out}")
+    analyses = {"interventions": "test"} | ({"interventions_dev": "dev"} if cfg.held_out else {})
+    for key, split in analyses.items():
+        if key in metrics or not args.interventions:
+            continue
+        if model is None:
+            raise RunError(f"{out} holds this run finished but not its model.pt, which its "
+                           f"{key} need; --force trains it again, or choose another --out")
+        say(f"{key}: patching each site, layer and position, Key then Value corrupted")
+        metrics[key] = analyse(model, cfg, split)
+        save(path, metrics)
     if "interventions" in metrics:
-        say(mechanism_report(metrics["interventions"]["rows"], cfg.n_layer))
+        with reading(path):
+            say(mechanism_report(metrics["interventions"]["rows"], cfg.n_layer))
         say(f"pictures of it: python figures/plots.py {out}")
     return metrics
 
@@ -1697,7 +1819,7 @@ def main(argv=None) -> dict:
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         if threading.current_thread() is threading.main_thread() and (
                 s != signal.SIGHUP or signal.getsignal(s) is not signal.SIG_IGN):
-            previous[s] = signal.signal(s, on_stop_signal)
+            previous[s] = signal.signal(s, signal.default_int_handler)  # each one a Ctrl-C
     try:
         if args.threads is not None and args.threads < 1:
             raise ValueError(f"--threads must be at least 1, got {args.threads}")
@@ -1706,12 +1828,12 @@ def main(argv=None) -> dict:
         return run(config_from_args(args), args)
     except ValueError as e:  # a bad flag, or a mixer that cannot run
         parser.exit(2, f"{parser.prog}: error: {e}\n")
-    except Stopped as e:
-        parser.exit(130, f"{parser.prog}: {e}\n")
+    except KeyboardInterrupt:  # every file is whole (save): the last checkpoint stands
+        parser.exit(130, f"{parser.prog}: stopped; the same command resumes the run from its "
+                    "last evaluation\n")
     except (RunError, OSError) as e:  # a damaged file, a full disk, a folder not writable
         parser.exit(1, f"{parser.prog}: error: {str(e).strip().splitlines()[-1]}\n")
     finally:
-        STOP.clear()
         for s, handler in previous.items():
             signal.signal(s, handler)
 

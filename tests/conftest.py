@@ -1,6 +1,7 @@
 import os
 import sys
 
+import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -8,6 +9,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The test models are tiny: one thread is faster than two (no threading overhead) and gives the same
 # numbers on every machine. Tests about threading set the count themselves.
 torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def one_thread_again():
+    """A test that ran mech.py with --threads leaves torch as it found it."""
+    yield
+    torch.set_num_threads(1)
 
 
 def cli(args, capsys) -> tuple:

@@ -85,43 +85,84 @@ def test_a_value_outside_its_fields_choices_is_refused_in_one_line(name, refused
             f"unknown {name} 'bogus'", ", ".join(choices))
 
 
-def contrary(where, value) -> list:
-    """Flags under which `where` has another value than `value`."""
-    return {"task": ["--task", "atr" if value == "ar" else "ar"],
-            "arch": ["--arch", "hyena" if value == "attention" else "attention"],
-            "schedule": ["--schedule", "cosine" if value != "cosine" else "wsd"],
-            "long_conv": ["--arch", "based", "--long-conv"],
-            "fresh_data": ["--fresh-data"]}[where]
+OTHER = dict(num_kv=64, n_pairs=8, atr="medium", atr_query="sibling", held_out=0.2,
+             grammar_seed=7, hyena_d_skip=False, decay_frac=0.5, d_conv=2, bucket=4)
+
+
+def as_flags(fields: dict) -> list:
+    """The flags that give these Config fields."""
+    out = []
+    for name, value in fields.items():
+        flag = flag_of(FIELDS[name])
+        out += [flag if value else "--no-" + flag[2:]] if isinstance(value, bool) else [flag,
+                                                                                      str(value)]
+    return out
+
+
+CONTRARY = {"task": dict(task="atr"), "arch": dict(arch="hyena"), "schedule": dict(schedule="cosine"),
+            "long_conv": dict(arch="based", long_conv=True), "fresh_data": dict(fresh_data=True)}
 
 
 @pytest.mark.parametrize("name", list(mech.APPLIES))
-def test_a_flag_that_does_not_apply_is_refused_in_one_line(name, refused):
+def test_a_field_that_does_not_apply_is_refused_unless_it_keeps_its_default(name, refused):
     where, value = mech.APPLIES[name]
-    args, f = contrary(where, value), FIELDS[name]
-    there = getattr(mech.config_from_args(mech.build_parser().parse_args(args)), name)
-    flag = flag_of(f)
-    given = ([flag if there else "--no-" + flag[2:]] if isinstance(there, bool)
-             else [flag, str(there)])  # even the value it has there
-    refused([*args, *given], f"{flag} applies where {where} is {value}")
+    there = CONTRARY[where] if where != "task" or value == "ar" else dict(task="ar")
+    if where == "arch" and value == "hyena":
+        there = dict(arch="attention")
+    words = f"{name} applies where {where} is {value}"
+    with pytest.raises(ValueError, match=words):  # from Python and from the command line alike
+        mech.Config(**there, **{name: OTHER[name]})
+    refused(as_flags({**there, name: OTHER[name]}), words)
+    default = getattr(mech.Config(**there), name)  # its default changes nothing: accepted
+    assert getattr(mech.Config(**there, **{name: default}), name) == default
+
+
+BAD = [  # Config's fields -> the words both refuse them with
+    (dict(steps=10, epochs=1), ["steps (10)", "epochs (1)", "not both"]),
+    (dict(d_model=10, n_head=3), ["d_model 10", "n_head 3", "divisible"]),
+    (dict(arch="mamba", n_head=2), ["n_head 2"]),
+    (dict(arch="h3", d_model=15), ["d_model 15", "even"]),
+    (dict(arch="attention", d_conv=3), ["d_conv 3", "attention"]),
+    (dict(arch="based", d_conv=0), ["d_conv 0", "based", "width of 1 or more"]),
+    (dict(arch="hyena", long_conv=True), ["long_conv", "hyena"]),
+    (dict(num_kv=63), ["even num_kv", "63"]), (dict(n_pairs=100, num_kv=64), ["n_pairs 100"]),
+    (dict(n_train=16), ["n_train 16", "one batch"]),
+    (dict(fresh_data=True, epochs=1, n_train=16), ["n_train 16", "one batch"]),
+    (dict(task="ar", held_out=0.5), ["held_out applies where task is atr, not ar"]),
+    (dict(task="atr", num_kv=6), ["num_kv applies where task is ar, not atr"]),
+    (dict(warmup_frac=1.0), ["warmup_frac must be in"]), (dict(preset="laptop"), ["'laptop'"]),
+]
+
+
+@pytest.mark.parametrize("fields, needles", BAD)
+def test_python_and_the_command_line_refuse_the_same_in_the_same_words(fields, needles, refused,
+                                                                       capsys, tmp_path):
+    with pytest.raises(ValueError) as e:
+        mech.Config(**fields)
+    for needle in needles:
+        assert needle in str(e.value), e.value
+    code, _, err = cli([*as_flags(fields), "--out", str(tmp_path / "run")], capsys)
+    assert code == 2 and err == f"mech.py: error: {e.value}\n"
 
 
 @pytest.mark.parametrize("args, needles", [
-    (["--steps", "10", "--epochs", "1"], ["--steps", "--epochs", "not both"]),
-    (["--d-model", "10", "--heads", "3"], ["d_model 10", "n_head 3", "divisible"]),
-    (["--arch", "mamba", "--heads", "2"], ["n_head 2"]),
-    (["--arch", "h3", "--d-model", "15"], ["d_model 15", "even"]),
-    (["--arch", "attention", "--dconv", "3"], ["--dconv 3", "attention"]),
-    (["--arch", "hyena", "--long-conv"], ["--long-conv", "hyena"]),
-    (["--num-kv", "63"], ["even num_kv", "63"]), (["--n-pairs", "100", "--num-kv", "64"],
-                                                  ["n_pairs 100"]),
-    (["--n-train", "16"], ["n_train 16", "one batch"]),
-    (["--fresh-data", "--epochs", "1", "--n-train", "16"], ["n_train 16", "one batch"]),
     (["--threads", "0"], ["--threads", "0"]), (["--device", "tpu"], ["'tpu'"]),
     (["--d-model", "abc"], ["'abc'"]), (["--bogus"], ["--bogus"]),
     (["--load", "runs/x"], ["--load"]), (["--quiet"], ["--quiet"]),  # both removed
 ])
-def test_a_combination_that_cannot_train_is_refused_in_one_line(args, needles, refused):
+def test_a_flag_only_the_command_line_has_is_refused_in_one_line(args, needles, refused):
     refused(args, *needles)
+
+
+@pytest.mark.parametrize("fields, words", [
+    (dict(d_model="64"), "d_model must be int, got '64'"),
+    (dict(lr="1e-3"), "lr must be float, got '1e-3'"), (dict(pos_emb=1), "pos_emb must be bool"),
+    (dict(n_layer=True), "n_layer must be int, got True"), (dict(n_layer=None), "n_layer must be int"),
+    (dict(task=["ar"]), "task must be str"), (dict(arch=None), "arch must be str")])
+def test_a_value_of_the_wrong_type_is_one_valueerror_that_names_its_field(fields, words):
+    with pytest.raises(ValueError, match=words.replace("(", r"\(")):
+        mech.Config(**fields)
+    assert mech.Config(lr=1).lr == 1  # an int is a float's value
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
@@ -129,11 +170,14 @@ def test_an_unavailable_cuda_device_is_refused_in_one_line(refused):
     refused(["--device", "cuda:0"], "cuda:0", "choose from auto, cpu")
 
 
-def test_scan_ext_that_cannot_be_built_ends_in_one_line(refused, monkeypatch):
+def test_scan_ext_that_cannot_be_built_ends_in_one_line(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(scan_ext, "_module", scan_ext.BuildError(
         "no C++ compiler: 'c++' is not on the PATH (set CXX or install g++)"))
-    refused(["--arch", "mamba", "--scan", "ext", "--d-model", "16", "--num-kv", "64"],
-            "scan backend 'ext' is unavailable", "no C++ compiler", code=1)
+    code, _, err = cli(["--arch", "mamba", "--scan", "ext", "--d-model", "16", "--num-kv", "64",
+                        "--steps", "2", "--out", str(tmp_path / "run")], capsys)
+    assert code == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "scan backend 'ext' is unavailable" in err and "no C++ compiler" in err, err
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()
 
 
 def test_a_held_out_fraction_that_splits_nothing_is_refused_in_one_line(tmp_path, capsys):
@@ -152,15 +196,6 @@ def test_help_names_every_flag(capsys):
     for flag in ("--out", "--device", "--threads", "--force", "--interventions", "--dynamics",
                  "--mixer-file"):
         assert flag in out, flag
-
-
-def test_config_refuses_bad_values_directly():
-    with pytest.raises(ValueError, match="num_kv"):
-        mech.Config(num_kv=7)
-    with pytest.raises(ValueError, match="warmup_frac"):
-        mech.Config(warmup_frac=1.0)
-    with pytest.raises(ValueError, match="'laptop'"):
-        mech.Config(preset="laptop")
 
 
 # ── learning-rate schedule ───────────────────────────────────────────────────────────────────

@@ -48,7 +48,7 @@ def test_the_watched_attribs_equal_the_full_analysis_on_the_same_documents(runs)
     full = mech.interchange(model, task, docs, "key", cfg.seed, cfg.value_corruption)
     cell = {(r["site"], r["layer"], r["position"]): r["attrib"] for r in full}
     last = metrics["curve"][-1]["attrib"]  # the final evaluation saw the final weights
-    site, layer = mech.main_site(cfg.n_layer)
+    site, layer = mech.verdict_site(cfg.n_layer)
     assert last["main"] == {p: cell[site, layer, p] for p in ("key", "value", "query")}
     for l in range(cfg.n_layer):
         assert last["cells"][f"mixer_output[{l}]@query"] == cell["mixer_output", l, "query"]

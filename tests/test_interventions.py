@@ -89,7 +89,7 @@ def test_patching_the_whole_residual_stream_reproduces_the_clean_run(setup):
     assert not torch.equal(bad, data.ids)
     p_clean, p_corr = mech.p_answer(model, data), mech.p_answer(model, data, bad)
     assert not torch.equal(p_clean, p_corr)  # the corruption matters to this model
-    residual = [(s, l) for s, l in mech.sites_of(model) if s in ("block_input", "block_output")]
+    residual = [(s, l) for s, l in list(mech.sites_in(model)) if s in ("block_input", "block_output")]
     assert len(residual) == 2 * cfg.n_layer
     cache = clean_cache(model, data, residual)
     for site, layer in residual:  # every position at once: the corrupted run becomes the clean run
@@ -109,7 +109,7 @@ def test_without_a_patch_the_corrupted_run_is_unchanged_and_hooks_are_removed(se
     p_corr = logits.softmax(-1)[torch.arange(len(data)), data.answer]
     assert torch.equal(mech.p_answer(model, data, bad), p_corr)
     seen = []
-    for site, layer in mech.sites_of(model):
+    for site, layer in list(mech.sites_in(model)):
         with mech.intervene(model, site, layer, lambda act: seen.append(act.shape) or act):
             assert torch.equal(mech.p_answer(model, data, bad), p_corr), (site, layer)
         assert no_hooks(model), (site, layer)
@@ -119,11 +119,11 @@ def test_without_a_patch_the_corrupted_run_is_unchanged_and_hooks_are_removed(se
                 assert not no_hooks(model)
                 1 / 0
         assert no_hooks(model), (site, layer)
-    assert len(seen) == len(mech.sites_of(model))  # each hook ran exactly once per forward
+    assert len(seen) == len(list(mech.sites_in(model)))  # each hook ran exactly once per forward
     # every site at once (as interchange records the clean run): still the plain corrupted run
     from contextlib import ExitStack
     with ExitStack() as stack:
-        for site, layer in mech.sites_of(model):
+        for site, layer in list(mech.sites_in(model)):
             stack.enter_context(mech.intervene(model, site, layer, lambda act: act))
         assert torch.equal(mech.p_answer(model, data, bad), p_corr)
     assert no_hooks(model)
@@ -137,7 +137,7 @@ def test_patching_after_the_query_changes_nothing(setup):
     answer = data.pos["query"] + 1
     assert torch.equal(answer, data.pos["answer"])
     rows = torch.arange(len(data))
-    cache = clean_cache(model, data, mech.sites_of(model))
+    cache = clean_cache(model, data, list(mech.sites_in(model)))
     for (site, layer), act in cache.items():
         with mech.intervene(model, site, layer, mech.patched(answer, act[rows, answer])):
             assert torch.equal(mech.p_answer(model, data, bad), p_corr), (site, layer)
@@ -152,7 +152,7 @@ def test_patching_clean_activations_into_the_clean_run_is_bit_identical(setup):
     model, cfg, task, data = setup
     want = model(data.ids)
     rows = torch.arange(len(data))
-    cache = clean_cache(model, data, mech.sites_of(model))
+    cache = clean_cache(model, data, list(mech.sites_in(model)))
     for (site, layer), act in cache.items():
         for name in mech.POSITIONS:
             pos = mech.positions(data, name)
@@ -166,7 +166,7 @@ def test_every_patch_reaches_the_output(setup):
     model, cfg, task, data = setup
     p_clean = mech.p_answer(model, data)
     query = data.pos["query"]
-    for site, layer in mech.sites_of(model):
+    for site, layer in list(mech.sites_in(model)):
         width = model.blocks[layer].mixer.d_inner if site == "conv_output" else cfg.d_model
         noise = torch.randn(len(data), width, generator=torch.Generator().manual_seed(2)) * 3
         with mech.intervene(model, site, layer, mech.patched(query, noise)):
@@ -178,7 +178,7 @@ def test_sites_are_the_tensors_they_name(setup):
     """The hooked tensors satisfy the block's own equations: mixer_input = norm1(block_input), and
     block_output = block_input + mixer_output + mlp_output (Mamba: no MLP)."""
     model, cfg, task, data = setup
-    cache = clean_cache(model, data, mech.sites_of(model))
+    cache = clean_cache(model, data, list(mech.sites_in(model)))
     x = model.tok_emb(data.ids) + (model.pos_emb.weight[:data.ids.shape[1]] if model.pos_emb is not None else 0)
     assert torch.equal(cache["block_input", 0], x)
     for l, block in enumerate(model.blocks):
@@ -204,7 +204,7 @@ def test_interchange_identities(setup):
     rows = mech.interchange(model, task, data, "key")
     assert model.training and no_hooks(model)
     model.eval()
-    assert len(rows) == len(mech.sites_of(model)) * len(mech.POSITIONS)
+    assert len(rows) == len(list(mech.sites_in(model))) * len(mech.POSITIONS)
     # p_clean and p_corr are the plain runs, with the documented seeded corruption
     # (over the documents where the patched position is distinct: see the test of coinciding positions)
     bad = bad_ids_of(task, data)
@@ -306,7 +306,7 @@ def test_sites_of_each_architecture():
     def sites(arch, layer=0, **kw):
         cfg = mech.Config(arch=arch, d_model=16, num_kv=64, scan="ref", **kw)
         model = mech.build_model(cfg, mech.make_task(cfg).vocab_size)
-        return {s for s, l in mech.sites_of(model) if l == layer}, model
+        return {s for s, l in list(mech.sites_in(model)) if l == layer}, model
     every = {"block_input", "block_output", "mixer_input", "mixer_output"}
     assert sites("attention")[0] == every | {"mlp_input", "mlp_output"}
     assert sites("mamba", d_conv=4)[0] == every | {"conv_output"}
@@ -316,7 +316,7 @@ def test_sites_of_each_architecture():
         s, model = sites(arch, layer=1)
         assert "conv_output" not in s or arch == "mamba", arch
         assert ("mlp_input" in s) == (arch != "mamba"), arch
-        assert len(mech.sites_of(model)) == 2 * len(s), arch
+        assert len(list(mech.sites_in(model))) == 2 * len(s), arch
 
 
 @torch.no_grad()
@@ -329,7 +329,7 @@ def test_every_site_of_every_architecture_can_be_patched(arch):
     B, L = data.ids.shape
     bad = bad_ids_of(task, data)
     rows = torch.arange(B)
-    for site, layer in mech.sites_of(model):
+    for site, layer in list(mech.sites_in(model)):
         width = model.blocks[layer].mixer.d_inner if site == "conv_output" else cfg.d_model
         seen = []
         with mech.intervene(model, site, layer, lambda act: seen.append(act) or act):
@@ -455,7 +455,7 @@ def test_interventions_find_induction_in_the_hand_built_model(induction):
     model, cfg, task, data, rows = induction
     first = rows[0]
     assert first["p_clean"] > 0.99 and first["p_corr"] < 0.1
-    main = mech.main_setting(rows, cfg.n_layer)  # block_input[1], Key corrupted
+    main = mech.verdict_attribs(rows, cfg.n_layer)  # block_input[1], Key corrupted
     assert main["value"] > 0.9, main
     assert abs(main["query"]) < 0.1 and abs(main["key"]) < 0.1, main
     assert mech.verdict(rows, cfg.n_layer).startswith("induction"), mech.verdict(rows, cfg.n_layer)
@@ -496,7 +496,7 @@ def test_induction_one_layer_earlier_is_still_induction():
     data = task.sample(32, mech.rng_for(cfg.seed, "test"))
     assert mech.evaluate(model, data)["accuracy"] >= 0.95
     rows = mech.interchange(model, task, data, "key")
-    main = mech.main_setting(rows, cfg.n_layer)  # block_input[2]
+    main = mech.verdict_attribs(rows, cfg.n_layer)  # block_input[2]
     assert main["query"] > 0.99 and abs(main["value"]) < 0.02 and abs(main["key"]) < 0.02, main
     assert row(rows, "block_input", 1, "value")["attrib"] > 0.99
     assert mech.verdict(rows, cfg.n_layer) == ("induction: the key-value binding is stored at the Value "
@@ -510,7 +510,7 @@ def synthetic(attrib, p_clean=0.9, p_corr=0.1, n_layer=2, corrupted="key", layer
     (position -> value); the block inputs before it hold the association at the Key, as an embedding
     does; every other cell gets a distractor (1.0 at the Value), so that a verdict read off the wrong
     cell fails."""
-    main = mech.main_site(n_layer) if layer is None else ("block_input", layer)
+    main = mech.verdict_site(n_layer) if layer is None else ("block_input", layer)
     rows = []
     for site in ("block_input", "block_output", "mixer_output"):
         for l in range(n_layer):
@@ -521,8 +521,9 @@ def synthetic(attrib, p_clean=0.9, p_corr=0.1, n_layer=2, corrupted="key", layer
                     a = 1.0 if p == "key" else 0.0
                 else:
                     a = 1.0 if p == "value" else 0.0
-                rows.append(dict(corrupted=corrupted, site=site, layer=l, position=p, p_clean=p_clean,
-                                 p_corr=p_corr, p_patch=p_corr + a * (p_clean - p_corr), attrib=a))
+                rows.append(dict(corrupted=corrupted, site=site, layer=l, position=p, n=32,
+                                 p_clean=p_clean, p_corr=p_corr,
+                                 p_patch=p_corr + a * (p_clean - p_corr), attrib=a))
     return rows
 
 
@@ -555,7 +556,7 @@ def test_verdict_of_a_deep_model_reads_the_first_layer_past_the_key():
     for r in rows:
         if (r["site"], r["layer"]) == ("block_input", 2):
             r["attrib"] = float(r["position"] == "query")
-    assert mech.main_setting(rows, 3)["query"] == 1.0
+    assert mech.verdict_attribs(rows, 3)["query"] == 1.0
     assert mech.verdict(rows, 3) == ("induction: the key-value binding is stored at the Value position "
                                      "before layer 1")
     # direct retrieval already entering layer 1
@@ -584,14 +585,14 @@ def test_verdict_not_learned_below_the_minimum_effect():
 
 def test_main_setting_reads_the_last_layers_block_input():
     rows = synthetic(dict(key=0.1, value=0.7, query=0.2), n_layer=3) + synthetic(dict(value=0.0), corrupted="value")
-    assert mech.main_setting(rows, 3) == {p: dict(key=0.1, value=0.7, query=0.2).get(p, 0.0) for p in mech.POSITIONS}
+    assert mech.verdict_attribs(rows, 3) == {p: dict(key=0.1, value=0.7, query=0.2).get(p, 0.0) for p in mech.POSITIONS}
 
 
 def test_mechanism_report_marks_the_main_row_and_ends_with_the_verdict():
     rows = synthetic(dict(value=1.0), p_clean=0.9, p_corr=0.1)
     text = mech.mechanism_report(rows, 2)
     lines = text.splitlines()
-    (main,) = [line for line in lines if "<- main" in line]
+    (main,) = [line for line in lines if "<- verdict" in line]
     assert main.startswith("block_input[1]")
     assert lines[-1] == "verdict: " + mech.verdict(rows, 2)
     assert "p(answer): clean 0.900, Key corrupted 0.100" in text
@@ -612,15 +613,15 @@ def test_one_layer_verdict_reads_its_mixer_output():
     corruption itself (@Key = 1 by construction): the verdict reads the layer's mixer output."""
     rows = synthetic(dict(query=1.0), n_layer=1)
     assert row(rows, "block_input", 0, "key")["attrib"] == 1.0
-    assert mech.main_setting(rows, 1) == {p: float(p == "query") for p in mech.POSITIONS}
+    assert mech.verdict_attribs(rows, 1) == {p: float(p == "query") for p in mech.POSITIONS}
     assert mech.verdict(rows, 1) == ("direct retrieval at the last position: the answer is computed at "
                                      "the Query by the one layer's mixer")
-    (main,) = [line for line in mech.mechanism_report(rows, 1).splitlines() if "<- main" in line]
+    (main,) = [line for line in mech.mechanism_report(rows, 1).splitlines() if "<- verdict" in line]
     assert main.startswith("mixer_output[0]")
     assert mech.verdict(synthetic({}, n_layer=1), 1).startswith("mixed")  # the embedding's @Key 1: no verdict
     model, cfg, task, data = small("mamba", n_layer=1)  # and on a real model's rows
     real = mech.interchange(model, task, data, "key")
-    assert mech.main_setting(real, 1) == {p: row(real, "mixer_output", 0, p)["attrib"] for p in mech.POSITIONS}
+    assert mech.verdict_attribs(real, 1) == {p: row(real, "mixer_output", 0, p)["attrib"] for p in mech.POSITIONS}
 
 
 def test_value_plus_k_is_averaged_only_where_it_is_not_the_divider_or_the_query():
@@ -705,7 +706,7 @@ def test_a_run_records_its_interventions(run_dir):
     assert set(rows[0]) == {"corrupted", "site", "layer", "position", "n", "p_clean", "p_corr", "p_patch",
                             "attrib"}
     assert iv["n_docs"] == 32 and {r["n"] for r in rows if "+" not in r["position"]} == {32}
-    assert iv["main"] == mech.main_setting(rows, 2)
+    assert iv["main"] == mech.verdict_attribs(rows, 2)
     assert set(iv["main"]) == set(mech.POSITIONS)
     assert iv["verdict"] == mech.verdict(rows, 2)
     # and they are the interventions of the saved model on the run's test documents
@@ -724,9 +725,9 @@ def test_the_same_command_prints_the_table_again_from_metrics_json(run_dir, caps
     capsys.readouterr()
     m = mech.main([*TINY, "--out", run_dir])
     printed = capsys.readouterr().out
-    assert "verdict:" in printed and "<- main" in printed
+    assert "verdict:" in printed and "<- verdict" in printed
     assert ("verdict: " + before["interventions"]["verdict"]) in printed
-    (main_line,) = [line for line in printed.splitlines() if "<- main" in line]
+    (main_line,) = [line for line in printed.splitlines() if "<- verdict" in line]
     assert main_line.startswith("block_input[1]")
     assert mech.mechanism_report(before["interventions"]["rows"], 2) in printed
     same_rows(json.loads(json.dumps(m["interventions"]["rows"])), before["interventions"]["rows"])
@@ -739,3 +740,9 @@ def test_no_interventions_writes_no_table(tmp_path, capsys):
     assert "interventions" not in m and "interventions" not in read_metrics(out)
     assert os.path.exists(os.path.join(out, "model.pt"))
     assert "verdict:" not in capsys.readouterr().out
+
+
+def test_a_nan_effect_is_no_verdict():
+    """p(answer) NaN (a broken model): no mechanism is named, not even "mixed"."""
+    rows = synthetic({"value": 1.0}, p_clean=math.nan)
+    assert mech.verdict(rows, 2) == "no verdict: p(answer) is NaN"

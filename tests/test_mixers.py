@@ -86,12 +86,12 @@ mech.register_mixer(%r, %s)
 CASES = {  # name -> (its sites, what forward returns, its factory, the one line it gets)
     "causal": ("{}", "y", "lambda cfg, i: Mixer(cfg.d_model)", None),  # dropout: eval mode
     "leaky": ("{}", "y + x.roll(-1, 1) if x.shape[1] > 8 else y",
-              "lambda cfg, i: Mixer(cfg.d_model)", "'leaky' is not causal: its output at"),
-    "nan": ("{}", "y * float('nan')", "lambda cfg, i: Mixer(cfg.d_model)", "'nan' returns NaN"),
+              "lambda cfg, i: Mixer(cfg.d_model)", "'leaky' (layer 0) is not causal: its output at"),
+    "nan": ("{}", "y * float('nan')", "lambda cfg, i: Mixer(cfg.d_model)", "'nan' (layer 0) returns NaN"),
     "shrinks": ("{}", "y[..., :-1]", "lambda cfg, i: Mixer(cfg.d_model)", ", 15); a mixer keeps"),
     "nomodule": ("{}", "y", "lambda cfg, i: 'a string'", "'nomodule': its factory returned a str"),
     "clash": ("{'block_input': 'proj'}", "y", "lambda cfg, i: Mixer(cfg.d_model)",
-              "'clash' names a site block_input"),
+              "'clash' (layer 0) names a site block_input"),
 }
 
 
@@ -122,7 +122,8 @@ def test_a_mixer_is_tried_as_the_run_uses_it_and_a_wrong_one_refused_in_one_line
 
 
 def test_a_mixer_with_dropout_resumes_exactly(registry, tmp_path, capsys, monkeypatch):
-    """Its dropout masks are drawn from (seed, step): a stopped run ends as an uninterrupted one."""
+    """Its dropout masks come from torch's RNG, kept in each checkpoint: a run stopped at step 13
+    resumes from step 10's and ends as an uninterrupted one."""
     file = mixer_file(tmp_path, "causal")
     args = ["--mixer-file", file, "--arch", "causal", *RUN]
     assert cli([*args, "--out", str(tmp_path / "full")], capsys)[0] == 0
@@ -130,7 +131,7 @@ def test_a_mixer_with_dropout_resumes_exactly(registry, tmp_path, capsys, monkey
 
     def stop_during_step_13(step, cfg):
         if step == 13:
-            mech.STOP.append(15)  # as the handler of SIGTERM does
+            raise KeyboardInterrupt  # as Ctrl-C, SIGTERM or SIGHUP does
         return lr_at(step, cfg)
     monkeypatch.setattr(mech, "lr_at", stop_during_step_13)
     assert cli([*args, "--out", str(tmp_path / "stopped")], capsys)[0] == 130
@@ -185,6 +186,6 @@ def test_a_mixer_takes_dconv_and_names_a_site_of_its_own(monkeypatch):
         cfg = mech.Config(arch="conv_mean", d_model=16, num_kv=64, n_train=64, d_conv=d_conv)
         assert cfg.d_conv == (3 if d_conv is None else 0)
         model = mech.build_model(cfg, 70)
-        assert (("conv_output", 0) in mech.sites_of(model)) == has_site
+        assert (("conv_output", 0) in mech.sites_in(model)) == has_site
     with pytest.raises(ValueError, match="'attention' is taken"):
         mech.register_mixer("attention", lambda cfg, i: nn.Identity())

@@ -121,7 +121,7 @@ def test_dconv_sets_the_short_conv_and_its_site(files, name):
         assert {c.kernel_size[0] for c in convs} == ({width} if width else set())
         assert ("conv_output" in m.sites) == bool(width)
     model = mech.build_model(mech.Config(arch=name, d_model=16, num_kv=64, n_train=64), 68)
-    assert ("conv_output", 1) in mech.sites_of(model)
+    assert ("conv_output", 1) in list(mech.sites_in(model))
 
 
 def test_mamba2_heads_of_64_where_64_divides_d_inner_else_one(files):

@@ -1,6 +1,8 @@
-"""A run's folder and its promises (issue 48): the same command gives the same numbers, resumes a
-stopped or killed run exactly, completes what a stop left undone, never leaves half a file, shows
-a finished run again without training, and refuses what it cannot use in one line.
+"""A run's folder and its promises (issues 48, 59): the same command gives the same numbers,
+resumes a stopped or killed run exactly from its last evaluation, completes what a stop left
+undone, never leaves half a file, shows a finished run again without training (even without its
+model.pt), never overwrites a folder that is not the run's, and refuses what it cannot use in one
+line.
 
 Most tests run `python mech.py ...` in this process (mech.main); the two that need a real process
 (a hangup, a kill -9) wait for the line the run prints, never for a time."""
@@ -73,7 +75,7 @@ def finished(reference, tmp_path):
 
 @pytest.fixture(scope="module")
 def stopped(tmp_path_factory):
-    """A run stopped at step 14 (a stop during step 13): its folder holds a checkpoint."""
+    """A run stopped during step 13: its folder holds the checkpoint of step 10."""
     out = tmp_path_factory.mktemp("stopped") / "run"
     with pytest.MonkeyPatch.context() as mp:
         stop_during_step(mp, 13)
@@ -92,15 +94,14 @@ def hangup_not_ignored():
 
 def stop_during_step(monkeypatch, step, signum=None):
     """During training step `step`, a stop arrives: the signal signum to this process, or (None)
-    one appended to mech.STOP, as the signal handler does."""
+    a KeyboardInterrupt, as Ctrl-C gives."""
     lr_at = mech.lr_at
 
     def hook(s, cfg):
+        if s == step and signum is None:
+            raise KeyboardInterrupt
         if s == step:
-            if signum is None:
-                mech.STOP.append(signal.SIGTERM)
-            else:
-                os.kill(os.getpid(), signum)
+            os.kill(os.getpid(), signum)
         return lr_at(s, cfg)
     monkeypatch.setattr(mech, "lr_at", hook)
 
@@ -119,23 +120,23 @@ def test_the_same_command_gives_the_same_numbers(reference, tmp_path, capsys):
 # ── stopped is resumable, exactly ────────────────────────────────────────────────────────────
 
 @pytest.mark.parametrize("signum", [None, signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
-def test_a_stop_during_a_step_takes_effect_after_it_and_the_same_command_resumes_exactly(
+def test_a_stop_during_a_step_exits_130_and_the_same_command_resumes_exactly(
         signum, reference, tmp_path, monkeypatch, capsys, hangup_not_ignored):
     out = tmp_path / "run"
     handlers = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)]
     stop_during_step(monkeypatch, 13, signum)
     code, _, err = cli(command(out), capsys)
     assert code == 130
-    one_line(err, "stopped at step 14 of 40", "the same command resumes")
-    state = torch.load(out / "checkpoint.pt")  # step 13 done, then the stop: 10 steps of 40
-    assert state["step"] == 14 and [p["step"] for p in state["curve"]] == [10]
-    assert sorted(os.listdir(out)) == ["checkpoint.pt", "config.json"] and not mech.STOP
+    one_line(err, "stopped", "the same command resumes the run from its last evaluation")
+    state = torch.load(out / "checkpoint.pt")  # the evaluation of step 10 is the last
+    assert state["step"] == 10 and [p["step"] for p in state["curve"]] == [10]
+    assert sorted(os.listdir(out)) == ["checkpoint.pt", "config.json"]
     assert handlers == [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM,
                                                       signal.SIGHUP)]  # the caller's, restored
     monkeypatch.undo()
     code, stdout, err = cli(command(out), capsys)
     assert code == 0, err
-    assert f"resuming {out} at step 14" in stdout
+    assert f"resuming {out} at step 10" in stdout
     assert_same_run(out, reference)
 
 
@@ -222,7 +223,7 @@ def wait_at(step, cfg):
     if step == int(os.environ["WAIT_AT"]):
         print("waiting at step", step, flush=True)
         deadline = time.time() + 300  # guards a test that lost its process against a hang
-        while not mech.STOP and time.time() < deadline:
+        while time.time() < deadline:  # until a signal's KeyboardInterrupt, or a kill
             time.sleep(0.01)
     return lr_at(step, cfg)
 
@@ -259,10 +260,10 @@ def test_a_closed_terminal_then_a_kill_lose_at_most_a_few_steps_and_the_run_ends
     p.send_signal(signal.SIGHUP)  # the terminal closes during step 13
     _, err = p.communicate(timeout=300)
     assert p.returncode == 130, err
-    one_line(err, "stopped at step 14 of 40", "the same command resumes")
-    assert torch.load(out / "checkpoint.pt")["step"] == 14
+    one_line(err, "stopped", "the same command resumes")
+    assert torch.load(out / "checkpoint.pt")["step"] == 10
     p, lines = start_waiting(out, hook, 27)  # the same command goes on ...
-    assert any(f"resuming {out} at step 14" in line for line in lines), lines
+    assert any(f"resuming {out} at step 10" in line for line in lines), lines
     p.kill()  # ... and is killed during step 27: the checkpoint of step 20 is left
     p.communicate(timeout=300)
     assert p.returncode == -signal.SIGKILL
@@ -322,12 +323,45 @@ def test_a_run_killed_between_its_last_files_is_not_finished_and_is_completed(
     assert_same_run(out, reference)
 
 
-def test_a_finished_run_without_its_model_is_trained_again(finished, reference, capsys):
+def test_a_finished_run_without_its_model_is_shown_not_trained(finished, monkeypatch, capsys):
+    """As every committed run in figures/runs is: its metrics.json is what a user sees."""
     os.unlink(finished / "model.pt")
-    code, stdout, err = cli(command(finished), capsys)
-    assert code == 0, err
-    assert "already holds" not in stdout and "step      40/40" in stdout
-    assert_same_run(finished, reference)
+    before = files(finished)
+    no_training(monkeypatch)
+    code, stdout, err = cli(command(finished, "--threads=2"), capsys)
+    assert code == 0 and err == "", err
+    assert "already holds this run" in stdout and "verdict: " in stdout
+    assert not any(line.startswith(("step", "resuming")) for line in stdout.splitlines())
+    assert files(finished) == before
+
+
+def test_a_finished_run_without_its_model_nor_its_analysis_asks_for_force(finished, monkeypatch,
+                                                                          capsys):
+    os.unlink(finished / "model.pt")
+    metrics = json.loads((finished / "metrics.json").read_text())
+    del metrics["interventions"]
+    mech.save(str(finished / "metrics.json"), metrics)
+    before = files(finished)
+    no_training(monkeypatch)
+    code, _, err = cli(command(finished), capsys)
+    assert code == 1
+    one_line(err, str(finished), "model.pt", "--force", "another --out")
+    assert files(finished) == before
+    code, stdout, err = cli(command(finished, "--no-interventions"), capsys)  # shown as it is
+    assert code == 0 and "test accuracy" in stdout and files(finished) == before, err
+
+
+def test_a_held_out_run_missing_its_dev_analysis_gets_it(tmp_path, capsys):
+    args = ["--task=atr", "--held-out=0.2", "--arch=attention", "--d-model=16", "--n-train=64",
+            "--steps=4", "--eval-every=4", "--n-eval=16", "--threads=1", "--no-dynamics"]
+    out = tmp_path / "run"
+    assert cli([*args, "--out", str(out)], capsys)[0] == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    dev = metrics.pop("interventions_dev")  # as a stop between the two analyses leaves it
+    mech.save(str(out / "metrics.json"), metrics)
+    code, stdout, err = cli([*args, "--out", str(out)], capsys)
+    assert code == 0 and "interventions_dev: patching" in stdout, err
+    assert json.loads((out / "metrics.json").read_text())["interventions_dev"] == dev
 
 
 # ── nothing half-written ─────────────────────────────────────────────────────────────────────
@@ -412,6 +446,8 @@ def test_another_configuration_is_refused_in_one_line_that_names_the_difference(
 
 def test_force_starts_over_and_deletes_only_the_run_files(finished, capsys):
     (finished / "notes.txt").write_text("mine")
+    for picture in ("mechanism.png", "dynamics.png"):  # figures/plots.py's, of the old run
+        (finished / picture).write_text("old")
     code, _, err = cli(command(finished, "--force", "--no-interventions", lr=3e-3), capsys)
     assert code == 0, err
     assert sorted(os.listdir(finished)) == ["config.json", "metrics.json", "model.pt", "notes.txt"]
@@ -511,3 +547,152 @@ def test_output_into_a_closed_pipe_does_not_stop_the_run(reference, tmp_path, mo
         mech.main(command(tmp_path / "run"))
         monkeypatch.undo()
     assert_same_run(tmp_path / "run", reference)
+
+
+# ── a folder is a run's only if its config.json says so (issue 59) ───────────────────────────
+
+@pytest.mark.parametrize("force", [False, True])
+def test_a_folder_without_a_runs_config_is_refused_and_left_as_it_was(force, finished, capsys):
+    """A finished run whose config.json is gone, asked for another run: nothing is overwritten."""
+    os.unlink(finished / "config.json")
+    (finished / "results.csv").write_text("a user's own")
+    before = files(finished)
+    code, _, err = cli(command(finished, *["--force"] * force, arch="hyena"), capsys)
+    assert code == 1
+    one_line(err, str(finished), "metrics.json", "model.pt", "results.csv", "no config.json",
+             "choose another --out")
+    assert "move" not in err and files(finished) == before
+
+
+def test_a_run_of_a_mixer_file_named_without_its_file_is_refused_untouched(finished, capsys):
+    config = json.loads((finished / "config.json").read_text())
+    (finished / "config.json").write_text(json.dumps({**config, "arch": "kda",
+                                                      "mixer_code": "0" * 40}))
+    before = files(finished)
+    code, _, err = cli(command(finished), capsys)
+    assert code == 1
+    one_line(err, "config.json cannot be used", "unknown arch 'kda'")
+    assert files(finished) == before
+
+
+METRICS_DAMAGE = {  # a finished run's metrics.json, changed: what the same command must refuse
+    "accuracy a string": lambda m: m.update(accuracy="0.5"),
+    "accuracy null": lambda m: m.update(accuracy=None),
+    "no wall_time_s": lambda m: m.pop("wall_time_s"),
+    "interventions {}": lambda m: m.update(interventions={}),
+    "interventions null": lambda m: m.update(interventions=None),
+    "rows []": lambda m: m["interventions"].update(rows=[]),
+    "rows without attrib": lambda m: [r.pop("attrib") for r in m["interventions"]["rows"]],
+}
+
+
+@pytest.mark.parametrize("damage", METRICS_DAMAGE)
+def test_a_finished_runs_damaged_metrics_get_one_line_that_names_the_file(damage, finished,
+                                                                         capsys):
+    metrics = json.loads((finished / "metrics.json").read_text())
+    METRICS_DAMAGE[damage](metrics)
+    (finished / "metrics.json").write_text(json.dumps(metrics))
+    before = files(finished)
+    code, _, err = cli(command(finished), capsys)
+    assert code == 1
+    one_line(err, str(finished / "metrics.json"), "cannot be used")
+    assert files(finished) == before
+
+
+@pytest.mark.parametrize("change", [dict(step="10"), dict(step=3), dict(curve=None),
+                                    dict(elapsed="x"), dict(engine=None), dict(rng=[1])])
+def test_a_crafted_checkpoint_gets_one_line(change, stopped, tmp_path, capsys):
+    out = shutil.copytree(stopped, tmp_path / "s")
+    torch.save({**torch.load(out / "checkpoint.pt"), **change}, out / "checkpoint.pt")
+    code, _, err = cli(command(out), capsys)
+    assert code == 1
+    one_line(err, str(out / "checkpoint.pt"), "cannot be used")
+
+
+def test_a_resume_on_another_thread_count_is_refused_in_one_line(stopped, tmp_path, capsys):
+    out = shutil.copytree(stopped, tmp_path / "s")
+    before = files(out)
+    code, _, err = cli([*command(out), "--threads=2"], capsys)  # the later flag wins
+    assert code == 1
+    one_line(err, "trained to step 10 with threads 1 (here: 2)", "--threads", "--force")
+    assert files(out) == before
+
+
+def test_torchs_own_write_error_ends_in_one_line(tmp_path, monkeypatch, capsys):
+    def fails(obj, f, *args, **kwargs):  # as torch.save fails on a full disk or ulimit -f
+        raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 64\n"
+                           "PytorchStreamWriter failed writing file data/0: file write failed")
+    monkeypatch.setattr(torch, "save", fails)
+    code, _, err = cli(command(tmp_path / "run"), capsys)
+    assert code == 1
+    one_line(err, "checkpoint.pt could not be written", "RuntimeError")
+    assert sorted(os.listdir(tmp_path / "run")) == ["config.json"]
+
+
+LEARNS_TO_PEEK = '''
+import torch, torch.nn as nn
+import mech
+
+
+class Peeks(nn.Module):  # a running mean, plus alpha times the next token: causal until trained
+    def __init__(self, d):
+        super().__init__()
+        self.proj, self.alpha = nn.Linear(d, d), nn.Parameter(torch.zeros(()))
+
+    def forward(self, x):
+        ahead = torch.cat([x[:, 1:], torch.zeros_like(x[:, :1])], 1)
+        n = torch.arange(1, x.shape[1] + 1)[:, None]
+        return self.proj(x.cumsum(1) / n) + self.alpha * ahead
+
+
+mech.register_mixer("peeks", lambda cfg, layer: Peeks(cfg.d_model))
+'''
+
+
+def test_a_mixer_that_learns_to_look_ahead_is_refused_and_stays_refused(tmp_path, capsys,
+                                                                       monkeypatch):
+    for name in ("MIXERS", "DEFAULT_DCONV", "MIXER_CODE"):
+        monkeypatch.setattr(mech, name, dict(getattr(mech, name)))
+    (tmp_path / "peeks.py").write_text(LEARNS_TO_PEEK)
+    args = command(tmp_path / "run", "--mixer-file", str(tmp_path / "peeks.py"), arch="peeks")
+    code, _, err = cli(args, capsys)
+    assert code == 1
+    one_line(err, "mixer 'peeks' (layer 0) is not causal", "by step 10", "unreported")
+    assert "metrics.json" not in os.listdir(tmp_path / "run")
+    code, stdout, again = cli(args, capsys)  # marked: the same command refuses at once
+    assert code == 1 and again == err and "step" not in stdout
+
+
+def test_a_mixer_file_that_exits_is_refused_in_one_line(tmp_path, capsys):
+    (tmp_path / "exits.py").write_text("import sys\nsys.exit(0)\n")
+    code, _, err = cli(command(tmp_path / "run", "--mixer-file", str(tmp_path / "exits.py")),
+                       capsys)
+    assert code == 2
+    one_line(err, "exits.py: SystemExit: 0")
+
+
+class Clock:
+    """time.time and time.process_time of a machine where each reading is 4 s later and the
+    run got a tenth of a core."""
+    def __init__(self):
+        self.now = 0.0
+
+    def time(self):
+        self.now += 4.0
+        return self.now
+
+    def process_time(self):
+        return self.now / 10
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_slow_start_is_said_within_half_a_minute_and_a_busy_machine_named_once(
+        threads, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(mech, "time", Clock())
+    code, stdout, err = cli([*command(tmp_path / "run", "--no-interventions", eval_every=20),
+                             f"--threads={threads}"], capsys)
+    assert code == 0, err
+    first = next(line for line in stdout.splitlines() if line.startswith("step"))
+    assert "| the first evaluation at step 20" in first and "steps/s" in first
+    busy = [line for line in stdout.splitlines() if "the machine is busy" in line]
+    assert busy == ([first] if threads == 2 else [])  # said once, where it can help
