@@ -117,3 +117,16 @@ def test_a_partly_watched_run_gets_no_dynamics_figure_and_captions_never_say_non
         del plots.plt.Figure.suptitle
     assert [name for name, _ in pngs] == ["mechanism.png", "dynamics.png"]
     assert not any("None" in c for c in captions) and "never rises" in captions[-1]
+
+
+def test_the_dynamics_benchmark_runs(capsys):
+    """figures/bench_dynamics.py, a quick look: 2 training steps and one watch_mechanism call."""
+    from figures import bench_dynamics
+    bench_dynamics.main(["--arch", "attention", "--task", "ar", "--repeats", "1",
+                         "--eval-every", "2"])
+    row = capsys.readouterr().out.strip().splitlines()[-1]
+    assert row.startswith("| ar | attention | ") and "(2)" in row and row.endswith(" % |")
+    with pytest.raises(SystemExit) as e:  # a bad value: one line, as mech.py says it
+        bench_dynamics.main(["--eval-every", "0"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "eval_every" in err
