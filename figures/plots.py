@@ -162,14 +162,20 @@ def draw_run(out: str) -> list:
     return paths
 
 
-if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+def main(argv=None) -> None:
+    """Draw the pictures of each run folder given, printing their paths; a run that cannot be
+    drawn ends the command in one line that names it (exit code 1)."""
     parser = argparse.ArgumentParser(prog="plots.py", description="Draw mechanism.png and "
                                      "dynamics.png of analysed mech.py runs.")
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR")
-    import mech
-    for run in parser.parse_args().runs:
+    for run in parser.parse_args(argv).runs:
         try:
             print("\n".join(draw_run(run)))
-        except (mech.RunError, OSError) as e:
-            parser.exit(1, f"plots.py: error: {e}\n")
+        except Exception as e:  # one generic catch: whatever in its files cannot be read or drawn
+            why = ": ".join([type(e).__name__, *str(e).strip().splitlines()[:1]])
+            parser.exit(1, f"plots.py: error: {run} cannot be drawn ({why})\n")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    main()
