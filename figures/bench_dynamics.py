@@ -2,7 +2,7 @@
 
     python figures/bench_dynamics.py                    # every architecture, AR and ATR easy
     python figures/bench_dynamics.py --arch mamba --task ar --repeats 5
-    python figures/bench_dynamics.py --arch attention --task ar --repeats 1 --eval-every 2   # a look
+    python figures/bench_dynamics.py --arch attention --task ar --repeats 1 --eval-every 2  # a look
 
 At each evaluation (every `eval_every` steps of the CPU preset) train() runs one light interchange
 analysis, mech.watch_mechanism. This times, in one process and one thread, interleaved, the

@@ -135,8 +135,8 @@ def test_the_dynamics_benchmark_runs(capsys):
 def test_plots_ends_in_one_line_for_a_run_with_damaged_metrics(tmp_path, capsys):
     """figures/plots.py RUN: whatever in metrics.json cannot be drawn, one line that names the run
     (exit code 1), not a traceback."""
-    rows = [dict(site="block_input", layer=0, position=p, corrupted="key", attrib=float(p == "value"),
-                 p_clean=0.9, p_corr=0.1) for p in ("value", "query")]
+    rows = [dict(site="block_input", layer=0, position=p, corrupted="key",
+                 attrib=float(p == "value"), p_clean=0.9, p_corr=0.1) for p in ("value", "query")]
     main = dict(key=0.0, value=1.0, query=0.0)
     whole = dict(accuracy=0.5, curve=[], interventions=dict(rows=rows, main=main))
     no_attrib = [{k: v for k, v in r.items() if k != "attrib"} for r in rows]
