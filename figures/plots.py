@@ -139,6 +139,11 @@ def write_file(path: str, data) -> None:
             os.unlink(tmp)
 
 
+def in_one_line(e: Exception) -> str:
+    """An error as a one-line error message quotes it: its type and its message's first line."""
+    return ": ".join([type(e).__name__, *str(e).strip().splitlines()[:1]])
+
+
 def draw_run(out: str) -> list:
     """Draw the pictures of the analysed run in `out` next to its metrics.json -> their paths."""
     import mech  # the lab imports the lesson: its verdict rule and sites name what is drawn
@@ -172,8 +177,7 @@ def main(argv=None) -> None:
         try:
             print("\n".join(draw_run(run)))
         except Exception as e:  # one generic catch: whatever in its files cannot be read or drawn
-            why = ": ".join([type(e).__name__, *str(e).strip().splitlines()[:1]])
-            parser.exit(1, f"plots.py: error: {run} cannot be drawn ({why})\n")
+            parser.exit(1, f"plots.py: error: {run} cannot be drawn ({in_one_line(e)})\n")
 
 
 if __name__ == "__main__":

@@ -730,6 +730,29 @@ def test_collect_skips_a_damaged_run_in_one_line_and_keeps_the_rest(tmp_path):
     assert len(lines) == 3 and all(line.startswith("skipped ") for line in lines)
 
 
+def test_collect_skips_a_run_the_tables_cannot_read_in_one_line_and_keeps_the_rest(tmp_path):
+    """Damage that record() reads past but a table does not (issue 59): one line per folder."""
+    watched_run(tmp_path / "good", 42, {100: 0.0, 200: 1.0}, {100: 0.0, 200: 1.0})
+    damages = {"text": ("metrics.json", lambda m: m.update(accuracy="0.9")),
+               "null": ("metrics.json", lambda m: m.update(accuracy=None)),
+               "cells": ("metrics.json", lambda m: m["curve"][0]["attrib"].pop("cells")),
+               "task": ("config.json", lambda c: c.update(task="xyz")),
+               "rows": ("metrics.json", lambda m: m["interventions"].update(rows=[]))}
+    for name, (file, damage) in damages.items():
+        shutil.copytree(tmp_path / "good", tmp_path / name)
+        with open(tmp_path / name / file) as f:
+            fields = json.load(f)
+        damage(fields)
+        mech.save(str(tmp_path / name / file), fields)
+    lines = []
+    records = collect.collect(str(tmp_path), log=lines.append)
+    assert [r["folder"] for r in records] == ["good"]
+    assert [line.split(":")[0] for line in lines] == [
+        f"skipped {tmp_path / name}" for name in sorted(damages)]
+    assert all(line.count("\n") == 0 for line in lines)
+    assert collect.summary_table(records) and collect.dynamics_table(records)
+
+
 def test_a_sweep_outlives_a_reader_that_stops_reading():
     """sweeps.say: a broken pipe on stdout (`| head`) sends the rest to /dev/null, no error."""
     script = ("import sys; sys.path.insert(0, '.'); from figures.sweeps import say\n"
