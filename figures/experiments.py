@@ -89,9 +89,9 @@ def checked_runs(args, run_flags: list, parser: mech.Parser) -> list:
             raise ValueError(f"{flags}: the sweep sets this per run and names the run folders by "
                              "it" + ("; give --seeds N for seeds 42, 43, ..." if "seed" in per_run
                                      else ""))
-        for _, run in runs:
-            run_config(run, run_flags, parser.prog)
-    except ValueError as e:
+        for _, run in runs:  # the device is checked where the runs go: here, unless printed
+            run_config(run, run_flags, parser.prog, here=not args.print_commands)
+    except (ValueError, mech.RunError) as e:
         parser.error(str(e))
     return runs
 

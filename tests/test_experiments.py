@@ -694,6 +694,23 @@ def test_a_flag_the_sweep_sets_per_run_is_refused(capsys):
     assert "--seed" in err and "--seeds N" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("flags, words", [(["--threads", "0"], "--threads must be at least 1"),
+                                          (["--device", "foo"], "unknown device 'foo'")])
+def test_a_flag_mech_refuses_outside_its_config_is_refused_once_before_any_run(
+        flags, words, tmp_path, monkeypatch, capsys):
+    """mech.main checks --threads, mech.choose_device the device: the sweep checks them as it
+    checks the config, in mech.py's words, rather than each of its runs failing on them."""
+    def start_run(*args):
+        raise AssertionError("a run was started")
+    monkeypatch.setattr(sweeps, "start_run", start_run)
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["--sweep", "ar-dconv", "--jobs", "2", "--sweep-dir", str(tmp_path / "sw"),
+                          *flags])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and words in err, err
+    assert not os.path.exists(tmp_path / "sw")
+
+
 def test_the_mixer_sweep_takes_its_architecture_from_the_sweeps_arch(capsys):
     """The sweep "mixer" (for a mixer of your own, registered in mech.MIXERS) sets no architecture
     per run: --arch, given to the whole sweep, is not refused, and the run folders' names say so."""
