@@ -797,3 +797,50 @@ def test_numbers_refuses_a_folder_without_runs_in_one_line(tmp_path):
                                "--numbers", str(root)], capture_output=True, text=True)
         assert done.returncode == 2 and done.stderr.count("\n") == 1 and words in done.stderr
         assert not os.path.exists(root / "numbers.md")
+
+
+
+def test_numbers_refuses_a_damaged_or_foreign_run_in_one_line_and_writes_nothing(tmp_path,
+                                                                                 capsys):
+    """--numbers recounts the report from all its runs, whole, or not at all (issue 59): without
+    a damaged seed a claim's mean would be over the others, and a run of no CPU sweep of the
+    report, or not the run its name says, would join a group or make one of none (nan)."""
+    cpu = tmp_path / "cpu_preset"
+    fake_run(str(cpu / "ar_mamba_s42"), {}, task="ar", arch="mamba", seed=42)
+    (tmp_path / "paper_protocol").mkdir()
+    assert collect.refused_runs(str(tmp_path), collect.collect(str(cpu))) == []
+
+    def no_accuracy(folder):
+        fake_run(folder, {}, task="ar", arch="mamba", seed=43)
+        path = os.path.join(folder, "metrics.json")
+        with open(path) as f:
+            mech.save(path, {k: v for k, v in json.load(f).items() if k != "accuracy"})
+
+    def no_metrics(folder):
+        os.makedirs(folder)
+        shutil.copy(cpu / "ar_mamba_s42" / "config.json", folder)
+    cases = [(cpu / "ar_mamba_s43", no_accuracy, "damaged run"),
+             (tmp_path / "paper_protocol" / "x", no_metrics, "damaged run"),
+             (cpu / "ar_mamba_d32_s42",
+              lambda f: fake_run(f, {}, task="ar", arch="mamba", d_model=32), "foreign run"),
+             (cpu / "ar_mamba_s43",  # not the run its name says
+              lambda f: fake_run(f, {}, task="ar", arch="mamba", seed=44), "foreign run")]
+    for folder, make, words in cases:
+        make(str(folder))
+        with pytest.raises(SystemExit) as e:
+            experiments.main(["--numbers", str(tmp_path)])
+        err = capsys.readouterr().err
+        assert e.value.code == 1 and err.count("\n") == 1 and f"{words} {folder}:" in err, err
+        assert not (tmp_path / "numbers.md").exists()
+        shutil.rmtree(folder)
+
+
+def test_numbers_never_write_a_nan():
+    """A position no seed passes the filter at is "-", with no verdict; a mean over no runs (a
+    claim's runs missing) is refused, naming its line (issue 59)."""
+    nan = float("nan")
+    assert collect.attribs_text(dict(key=nan, value=0.5, query=nan)) == "- / 0.50 / -"
+    assert collect.mechanism_item("x", [], dict(key=0, value=1, query=0)) == (
+        "x", "- / - / -", "0.00 / 1.00 / 0.00", "-")
+    with pytest.raises(ValueError, match=r"\| C1 AR mamba \| nan ± nan \|"):
+        collect.numbers_md([("C1 AR mamba", "nan ± nan", "0.806", "not reproduced")], {})
