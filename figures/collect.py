@@ -36,7 +36,8 @@ def collect(root: str, log=print) -> list:
             # the tables read more of a record than record() does (an accuracy that is a number,
             # a known task, the curve's cells): one that they cannot read alone is skipped here,
             # rather than ending the whole collection later
-            summary_table([rec]), dynamics_table([rec])
+            summary_table([rec])
+            dynamics_table([rec])
             records.append(rec)
         except Exception as e:  # one generic catch: whatever in its files cannot be read
             log(f"skipped {folder}: not a finished run of this mech.py ({plots.in_one_line(e)})")
