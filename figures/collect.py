@@ -8,13 +8,14 @@ import dataclasses
 import functools
 import json
 import os
+import re
 
 import numpy as np
 
 import mech
 from figures import plots
 from figures.paper import PAPER
-from figures.sweeps import ARCHS, WIDTHS, sweep_runs
+from figures.sweeps import ARCHS, SWEEPS, WIDTHS, run_config, run_name, sweep_runs
 
 # the paper's filters for its mechanism plots, on p_clean - p_corrupted: below them a run's answer
 # does not react enough to the corruption for its Attribs to mean anything
@@ -28,12 +29,18 @@ def collect(root: str, log=print) -> list:
     folder whose files are damaged or not a run of mech.py is skipped, in one line that names it."""
     records = []
     for folder, _, files in sorted(os.walk(root)):
-        if "metrics.json" not in files or "config.json" not in files:
-            continue
+        if "metrics.json" not in files and "config.json" not in files:
+            continue  # not a run's folder; one of the two without the other: unfinished, or damaged
         try:
-            records.append(record(folder, root))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
-            log(f"skipped {folder}: not a finished run of this mech.py ({type(e).__name__}: {e})")
+            rec = record(folder, root)
+            # the tables read more of a record than record() does (an accuracy that is a number,
+            # a known task, the curve's cells): one that they cannot read alone is skipped here,
+            # rather than ending the whole collection later
+            summary_table([rec])
+            dynamics_table([rec])
+            records.append(rec)
+        except Exception as e:  # one generic catch: whatever in its files cannot be read
+            log(f"skipped {folder}: not a finished run of this mech.py ({plots.in_one_line(e)})")
     return records
 
 
@@ -511,7 +518,7 @@ def passing_means(runs: list) -> dict:
 
 
 def attribs_text(means: dict) -> str:
-    return " / ".join(f"{means[p]:.2f}" for p in POSITIONS3)
+    return " / ".join(cell(means[p]) for p in POSITIONS3)  # "-": no seed past the filter
 
 
 def mechanism_class(a: dict) -> str:
@@ -526,6 +533,8 @@ def accuracy_item(name: str, runs: list, paper: float, line: float) -> tuple:
 
 def mechanism_item(name: str, runs: list, paper: dict) -> tuple:
     ours = passing_means(runs)
+    if np.isnan(list(ours.values())).any():  # a position with no seed past the filter: no verdict
+        return name, attribs_text(ours), attribs_text(paper), "-"
     size = all(abs(ours[p] - paper[p]) <= ATTRIB_SIZE for p in POSITIONS3)
     return (name, attribs_text(ours), attribs_text(paper),
             label(mechanism_class(ours) == mechanism_class(paper), size))
@@ -539,6 +548,38 @@ def conv_carries(r: dict) -> bool:
 def conv_label(runs: list) -> str:
     """C5's label of a group of runs: reproduced where the conv carries it in every run."""
     return group_label("reproduced" if conv_carries(r) else "not reproduced" for r in runs)
+
+
+def report_runs() -> dict:
+    """{folder name: flags} of the runs the report may read under cpu_preset: the CPU sweeps' (3
+    seeds; the mixer sweep's, which name no architecture, go in runs/mixers) and C3's Hyena on AR
+    at the paper's other widths."""
+    runs = dict(run for sweep in SWEEPS for run in sweep_runs(sweep, "cpu", 3) if "arch" in run[1])
+    hyena = [dict(preset="cpu", task="ar", arch="hyena", d_model=d, seed=seed)
+             for d in WIDTHS if d != 64 for seed in (42, 43, 44)]
+    return runs | {run_name(run): run for run in hyena}
+
+
+def refused_runs(runs_root: str, cpu: list) -> list:
+    """Why the report cannot be recounted from runs_root, one line per run folder ([]: it can): a
+    damaged one anywhere under it (collect skips it), and under cpu_preset (cpu: its records) one
+    that is not among report_runs, or not the run its name says. The report groups runs by their
+    fields: without a seed a group's mean would be over the others, and a foreign run would join
+    a group, or make one that holds none of the report's runs (nan)."""
+    lines = []
+    collect(runs_root, log=lambda line: lines.append(line.replace("skipped", "damaged run", 1)))
+    expected = report_runs()
+    for r in cpu:
+        folder = os.path.join(runs_root, "cpu_preset", r["folder"])
+        if r["folder"] not in expected:
+            lines.append(f"foreign run {folder}: no CPU sweep of the report names a run so")
+            continue
+        theirs, named = configuration(r), mech.identity(run_config(expected[r["folder"]]))
+        if theirs != named:
+            diff = ", ".join(f"{k} {theirs.get(k)} (its name's: {named.get(k)})"
+                             for k in theirs | named if theirs.get(k) != named.get(k))
+            lines.append(f"foreign run {folder}: not the run its name says ({diff})")
+    return lines
 
 
 def report_numbers(runs_root: str, cpu=None) -> list:
@@ -610,7 +651,7 @@ def report_numbers(runs_root: str, cpu=None) -> list:
                        ("paper protocol lr 3e-3", group(pp, task="atr", arch="mamba", d_conv=0,
                                                         lr=3e-3))):
         means = passing_means(runs)
-        items.append((f"C7 ATR easy mamba d_conv 0 @Value, {name}", f"{means['value']:.2f}",
+        items.append((f"C7 ATR easy mamba d_conv 0 @Value, {name}", cell(means["value"]),
                       f"≈ {claim:g}", label(mechanism_class(means) == "induction",
                                             abs(means["value"] - claim) <= ATTRIB_SIZE)))
     # the three scales: Attention (PE) on ATR easy under the paper's protocol at its best rate
@@ -951,9 +992,14 @@ def generated_tables(runs_root: str, cpu: list) -> dict:
 
 
 def numbers_md(items: list, tables: dict) -> str:
-    """numbers.md: the head, the items' table, then each generated table under its title."""
-    return NUMBERS_HEAD + numbers_table(items) + "".join(
+    """numbers.md: the head, the items' table, then each generated table under its title; a
+    ValueError where a nan would stand for a number (a mean over no runs, say)."""
+    text = NUMBERS_HEAD + numbers_table(items) + "".join(
         f"\n## {title}\n\n{table}" for title, table in tables.items())
+    nan = re.search(r".*\bnan\b.*", text)
+    if nan:
+        raise ValueError(f"a nan where a number goes: {nan.group()}")
+    return text
 
 
 NUMBERS_HEAD = ("# The report's numbers and verdicts, recounted from the runs\n\n"

@@ -30,13 +30,14 @@ numbers), drawing.py (the figures) and paper.py (the paper's numbers drawn besid
 import os
 import shlex
 import sys
+import warnings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository, with mech.py
 sys.path.insert(0, ROOT)
 import mech  # noqa: E402
 from figures.collect import (collect, dynamics_table, generated_tables,  # noqa: E402
-                             hyena_groups, numbers_md, report_numbers, summary_table,
-                             today_groups)
+                             hyena_groups, numbers_md, refused_runs, report_numbers,
+                             summary_table, today_groups)
 from figures import plots  # noqa: E402
 from figures.drawing import hyena_widths, plot_figures, today_mixers  # noqa: E402
 from figures.sweeps import (SWEEPS, Stopped, run_command, run_config, run_sweep,  # noqa: E402
@@ -89,9 +90,9 @@ def checked_runs(args, run_flags: list, parser: mech.Parser) -> list:
             raise ValueError(f"{flags}: the sweep sets this per run and names the run folders by "
                              "it" + ("; give --seeds N for seeds 42, 43, ..." if "seed" in per_run
                                      else ""))
-        for _, run in runs:
-            run_config(run, run_flags, parser.prog)
-    except ValueError as e:
+        for _, run in runs:  # the device is checked where the runs go: here, unless printed
+            run_config(run, run_flags, parser.prog, here=not args.print_commands)
+    except (ValueError, mech.RunError) as e:
         parser.error(str(e))
     return runs
 
@@ -132,16 +133,25 @@ def collect_and_draw(root: str, figures_dir: str, parser: mech.Parser) -> list:
 def write_numbers(root: str, parser: mech.Parser, figures_dir: str | None = None) -> None:
     """--numbers DIR: recount the report's numbers from DIR/cpu_preset and DIR/paper_protocol into
     DIR/numbers.md (also printed), and with figures_dir draw hyena_widths.png and
-    today_mixers.png there; a DIR without both, or without runs, is refused in one line."""
+    today_mixers.png there; a DIR without both, or without runs, or with a damaged run (or under
+    cpu_preset a foreign one: collect.refused_runs) is refused in one line, nothing written."""
     for sub in ("cpu_preset", "paper_protocol"):
         if not os.path.isdir(os.path.join(root, sub)):
             parser.error(f"--numbers {root}: no folder {os.path.join(root, sub)} (the committed "
                          "runs: --numbers figures/runs)")
-    cpu = collect(os.path.join(root, "cpu_preset"))
+    cpu = collect(os.path.join(root, "cpu_preset"), lambda line: None)  # damaged: refused below
+    refused = refused_runs(root, cpu)
+    if refused:  # the committed runs are the report's data: one damaged or foreign is corruption
+        more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
+        parser.exit(1, f"{parser.prog}: error: --numbers {root}: {refused[0]}{more}; the report "
+                    "is recounted from its runs, whole, or not at all\n")
     if not cpu:
         parser.error(f"--numbers {root}: no finished runs under {os.path.join(root, 'cpu_preset')}")
     try:
-        text = numbers_md(report_numbers(root, cpu), generated_tables(root, cpu))
+        with warnings.catch_warnings():  # Python 3.10 has no catch_warnings(action=...)
+            # numpy warns of a mean over no runs: numbers_md refuses its nan, in one line
+            warnings.simplefilter("ignore", RuntimeWarning)
+            text = numbers_md(report_numbers(root, cpu), generated_tables(root, cpu))
         plots.write_file(os.path.join(root, "numbers.md"), text)
         if figures_dir:  # C3's Hyena at the paper's widths (both protocols); today's mixers
             os.makedirs(figures_dir, exist_ok=True)

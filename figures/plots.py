@@ -139,6 +139,11 @@ def write_file(path: str, data) -> None:
             os.unlink(tmp)
 
 
+def in_one_line(e: Exception) -> str:
+    """An error as a one-line error message quotes it: its type and its message's first line."""
+    return ": ".join([type(e).__name__, *str(e).strip().splitlines()[:1]])
+
+
 def draw_run(out: str) -> list:
     """Draw the pictures of the analysed run in `out` next to its metrics.json -> their paths."""
     import mech  # the lab imports the lesson: its verdict rule and sites name what is drawn
@@ -162,14 +167,19 @@ def draw_run(out: str) -> list:
     return paths
 
 
-if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+def main(argv=None) -> None:
+    """Draw the pictures of each run folder given, printing their paths; a run that cannot be
+    drawn ends the command in one line that names it (exit code 1)."""
     parser = argparse.ArgumentParser(prog="plots.py", description="Draw mechanism.png and "
                                      "dynamics.png of analysed mech.py runs.")
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR")
-    import mech
-    for run in parser.parse_args().runs:
+    for run in parser.parse_args(argv).runs:
         try:
             print("\n".join(draw_run(run)))
-        except (mech.RunError, OSError) as e:
-            parser.exit(1, f"plots.py: error: {e}\n")
+        except Exception as e:  # one generic catch: whatever in its files cannot be read or drawn
+            parser.exit(1, f"plots.py: error: {run} cannot be drawn ({in_one_line(e)})\n")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    main()

@@ -143,10 +143,18 @@ def sweep_overrides(extra, prog: str = "mech.py") -> dict:
             if hasattr(args, f.name)}
 
 
-def run_config(run: dict, extra=(), prog: str = "mech.py") -> mech.Config:
-    """The configuration mech.py makes of a run's flags followed by the sweep's (ValueError if it
-    refuses them)."""
-    return mech.config_from_args(run_parser(prog).parse_args(run_args(run) + list(extra)))
+def run_config(run: dict, extra=(), prog: str = "mech.py", here: bool = False) -> mech.Config:
+    """The configuration mech.py makes of a run's flags followed by the sweep's, refusing what
+    mech.py refuses before it trains (ValueError, or mech.RunError: a scan it cannot build): its
+    parser, mech.config_from_args, --threads (mech.main) and, with here (the run goes on this
+    machine), the device (mech.choose_device)."""
+    args = run_parser(prog).parse_args(run_args(run) + list(extra))
+    if args.threads is not None and args.threads < 1:  # mech.main's own check, in its words
+        raise ValueError(f"--threads must be at least 1, got {args.threads}")
+    cfg = mech.config_from_args(args)
+    if here:
+        mech.choose_device(args.device, cfg)
+    return cfg
 
 
 def run_command(run: dict, out: str, python: str = "python", script: str = "mech.py",

@@ -117,3 +117,44 @@ def test_a_partly_watched_run_gets_no_dynamics_figure_and_captions_never_say_non
         del plots.plt.Figure.suptitle
     assert [name for name, _ in pngs] == ["mechanism.png", "dynamics.png"]
     assert not any("None" in c for c in captions) and "never rises" in captions[-1]
+
+
+def test_the_dynamics_benchmark_runs(capsys):
+    """figures/bench_dynamics.py, a quick look: 2 training steps and one watch_mechanism call."""
+    from figures import bench_dynamics
+    bench_dynamics.main(["--arch", "attention", "--task", "ar", "--repeats", "1",
+                         "--eval-every", "2"])
+    row = capsys.readouterr().out.strip().splitlines()[-1]
+    assert row.startswith("| ar | attention | ") and "(2)" in row and row.endswith(" % |")
+    with pytest.raises(SystemExit) as e:  # a bad value: one line, as mech.py says it
+        bench_dynamics.main(["--eval-every", "0"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "eval_every" in err
+
+
+def test_plots_ends_in_one_line_for_a_run_with_damaged_metrics(tmp_path, capsys):
+    """figures/plots.py RUN: whatever in metrics.json cannot be drawn, one line that names the run
+    (exit code 1), not a traceback."""
+    rows = [dict(site="block_input", layer=0, position=p, corrupted="key",
+                 attrib=float(p == "value"), p_clean=0.9, p_corr=0.1) for p in ("value", "query")]
+    main = dict(key=0.0, value=1.0, query=0.0)
+    whole = dict(accuracy=0.5, curve=[], interventions=dict(rows=rows, main=main))
+    no_attrib = [{k: v for k, v in r.items() if k != "attrib"} for r in rows]
+    damages = [dict(interventions={}), dict(interventions=None), dict(accuracy=None),
+               dict(interventions=dict(rows=[], main=main)),
+               dict(interventions=dict(rows=no_attrib, main=main))]
+    for i, damage in enumerate([{}] + damages):
+        run = tmp_path / str(i)
+        run.mkdir()
+        mech.save(str(run / "config.json"), dict(task="ar", arch="attention", n_layer=2))
+        mech.save(str(run / "metrics.json"), whole | damage)
+        try:
+            plots.main([str(run)])
+            code = 0
+        except SystemExit as e:
+            code = e.code
+        err = capsys.readouterr().err
+        if not damage:  # the whole run is drawn
+            assert code == 0 and (run / "mechanism.png").exists()
+        else:
+            assert code == 1 and err.count("\n") == 1 and f"{run} cannot be drawn" in err, err

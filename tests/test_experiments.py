@@ -694,6 +694,23 @@ def test_a_flag_the_sweep_sets_per_run_is_refused(capsys):
     assert "--seed" in err and "--seeds N" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("flags, words", [(["--threads", "0"], "--threads must be at least 1"),
+                                          (["--device", "foo"], "unknown device 'foo'")])
+def test_a_flag_mech_refuses_outside_its_config_is_refused_once_before_any_run(
+        flags, words, tmp_path, monkeypatch, capsys):
+    """mech.main checks --threads, mech.choose_device the device: the sweep checks them as it
+    checks the config, in mech.py's words, rather than each of its runs failing on them."""
+    def start_run(*args):
+        raise AssertionError("a run was started")
+    monkeypatch.setattr(sweeps, "start_run", start_run)
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["--sweep", "ar-dconv", "--jobs", "2", "--sweep-dir", str(tmp_path / "sw"),
+                          *flags])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and words in err, err
+    assert not os.path.exists(tmp_path / "sw")
+
+
 def test_the_mixer_sweep_takes_its_architecture_from_the_sweeps_arch(capsys):
     """The sweep "mixer" (for a mixer of your own, registered in mech.MIXERS) sets no architecture
     per run: --arch, given to the whole sweep, is not refused, and the run folders' names say so."""
@@ -730,6 +747,29 @@ def test_collect_skips_a_damaged_run_in_one_line_and_keeps_the_rest(tmp_path):
     assert len(lines) == 3 and all(line.startswith("skipped ") for line in lines)
 
 
+def test_collect_skips_a_run_the_tables_cannot_read_in_one_line_and_keeps_the_rest(tmp_path):
+    """Damage that record() reads past but a table does not (issue 59): one line per folder."""
+    watched_run(tmp_path / "good", 42, {100: 0.0, 200: 1.0}, {100: 0.0, 200: 1.0})
+    damages = {"text": ("metrics.json", lambda m: m.update(accuracy="0.9")),
+               "null": ("metrics.json", lambda m: m.update(accuracy=None)),
+               "cells": ("metrics.json", lambda m: m["curve"][0]["attrib"].pop("cells")),
+               "task": ("config.json", lambda c: c.update(task="xyz")),
+               "rows": ("metrics.json", lambda m: m["interventions"].update(rows=[]))}
+    for name, (file, damage) in damages.items():
+        shutil.copytree(tmp_path / "good", tmp_path / name)
+        with open(tmp_path / name / file) as f:
+            fields = json.load(f)
+        damage(fields)
+        mech.save(str(tmp_path / name / file), fields)
+    lines = []
+    records = collect.collect(str(tmp_path), log=lines.append)
+    assert [r["folder"] for r in records] == ["good"]
+    assert [line.split(":")[0] for line in lines] == [
+        f"skipped {tmp_path / name}" for name in sorted(damages)]
+    assert all(line.count("\n") == 0 for line in lines)
+    assert collect.summary_table(records) and collect.dynamics_table(records)
+
+
 def test_a_sweep_outlives_a_reader_that_stops_reading():
     """sweeps.say: a broken pipe on stdout (`| head`) sends the rest to /dev/null, no error."""
     script = ("import sys; sys.path.insert(0, '.'); from figures.sweeps import say\n"
@@ -757,3 +797,50 @@ def test_numbers_refuses_a_folder_without_runs_in_one_line(tmp_path):
                                "--numbers", str(root)], capture_output=True, text=True)
         assert done.returncode == 2 and done.stderr.count("\n") == 1 and words in done.stderr
         assert not os.path.exists(root / "numbers.md")
+
+
+
+def test_numbers_refuses_a_damaged_or_foreign_run_in_one_line_and_writes_nothing(tmp_path,
+                                                                                 capsys):
+    """--numbers recounts the report from all its runs, whole, or not at all (issue 59): without
+    a damaged seed a claim's mean would be over the others, and a run of no CPU sweep of the
+    report, or not the run its name says, would join a group or make one of none (nan)."""
+    cpu = tmp_path / "cpu_preset"
+    fake_run(str(cpu / "ar_mamba_s42"), {}, task="ar", arch="mamba", seed=42)
+    (tmp_path / "paper_protocol").mkdir()
+    assert collect.refused_runs(str(tmp_path), collect.collect(str(cpu))) == []
+
+    def no_accuracy(folder):
+        fake_run(folder, {}, task="ar", arch="mamba", seed=43)
+        path = os.path.join(folder, "metrics.json")
+        with open(path) as f:
+            mech.save(path, {k: v for k, v in json.load(f).items() if k != "accuracy"})
+
+    def no_metrics(folder):
+        os.makedirs(folder)
+        shutil.copy(cpu / "ar_mamba_s42" / "config.json", folder)
+    cases = [(cpu / "ar_mamba_s43", no_accuracy, "damaged run"),
+             (tmp_path / "paper_protocol" / "x", no_metrics, "damaged run"),
+             (cpu / "ar_mamba_d32_s42",
+              lambda f: fake_run(f, {}, task="ar", arch="mamba", d_model=32), "foreign run"),
+             (cpu / "ar_mamba_s43",  # not the run its name says
+              lambda f: fake_run(f, {}, task="ar", arch="mamba", seed=44), "foreign run")]
+    for folder, make, words in cases:
+        make(str(folder))
+        with pytest.raises(SystemExit) as e:
+            experiments.main(["--numbers", str(tmp_path)])
+        err = capsys.readouterr().err
+        assert e.value.code == 1 and err.count("\n") == 1 and f"{words} {folder}:" in err, err
+        assert not (tmp_path / "numbers.md").exists()
+        shutil.rmtree(folder)
+
+
+def test_numbers_never_write_a_nan():
+    """A position no seed passes the filter at is "-", with no verdict; a mean over no runs (a
+    claim's runs missing) is refused, naming its line (issue 59)."""
+    nan = float("nan")
+    assert collect.attribs_text(dict(key=nan, value=0.5, query=nan)) == "- / 0.50 / -"
+    assert collect.mechanism_item("x", [], dict(key=0, value=1, query=0)) == (
+        "x", "- / - / -", "0.00 / 1.00 / 0.00", "-")
+    with pytest.raises(ValueError, match=r"\| C1 AR mamba \| nan ± nan \|"):
+        collect.numbers_md([("C1 AR mamba", "nan ± nan", "0.806", "not reproduced")], {})

@@ -40,6 +40,11 @@ def test_the_generated_tables_are_those_of_the_runs(records, items):
         assert f.read() == table + "\n"
 
 
+def test_every_committed_run_is_whole_and_the_reports(records):
+    """--numbers figures/runs refuses a damaged run, or a foreign one under cpu_preset: none."""
+    assert collect.refused_runs(RUNS, records) == []
+
+
 def test_the_report_quotes_every_accuracy_and_attrib_it_recounts(items):
     # every recounted accuracy (mean ± sd) and Attrib triple of the claims is in the report
     quoted = [ours for name, ours, _, _ in items if name.startswith(("C", "D.", "5.3"))
