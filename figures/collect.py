@@ -67,20 +67,20 @@ NO_CELL = dict(attrib=float("nan"))  # a cell the analysis did not patch
 
 def analysis(interventions: dict, n_layer: int) -> dict:
     """What the table and the figures read of a run's intervention rows (Key corrupted). The main
-    Attribs are recomputed from the rows with mech.main_setting rather than read from the stored
+    Attribs are recomputed from the rows with mech.verdict_attribs rather than read from the stored
     "main", so that runs analysed by an older mech.py get today's reading (in a 1-layer model the
     layer's own mixer output, not the embedding, where patching the Key undoes the corruption)."""
     rows = interventions["rows"]
     key = {(r["site"], r["layer"], r["position"]): r for r in rows if r["corrupted"] == "key"}
     conv = {p: r for (site, layer, p), r in key.items() if (site, layer) == ("conv_output", 0)}
-    main = {p: r for (site, layer, p), r in key.items() if (site, layer) == mech.main_site(n_layer)}
-    return dict(attrib=mech.main_setting(rows, n_layer),
+    main = {p: r for (site, layer, p), r in key.items() if (site, layer) == mech.verdict_site(n_layer)}
+    return dict(attrib=mech.verdict_attribs(rows, n_layer),
                 # the Key's effect over the documents each main cell averages: in the sibling task
                 # the Key and Value cells average only those where the two are distinct positions,
                 # so their filter must be read there, not over all documents
                 effects={p: r["p_clean"] - r["p_corr"] for p, r in main.items()},
                 # deeper models: the second layer's input too, where a 2-layer model's last reads
-                attrib_second=mech.main_setting(rows, n_layer, 1) if n_layer > 2 else None,
+                attrib_second=mech.verdict_attribs(rows, n_layer, 1) if n_layer > 2 else None,
                 effect=mech.key_effect(rows),  # over all documents
                 conv={p: r["attrib"] for p, r in conv.items()},
                 # every layer's conv at Value+1 (today's mixers: the last layer's may carry it)
@@ -122,14 +122,23 @@ def reacts_at(r: dict, position: str) -> bool:
 CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(mech.Config))
 
 
+def config_of(fields: dict) -> mech.Config:
+    """The mech.Config of a run's config.json fields (ValueError or TypeError: none). Fields that
+    an older mech.py did not write take their defaults; it stored its default epochs beside the
+    steps that won over them, which mech.py now refuses as both given."""
+    fields = {k: fields[k] for k in CONFIG_FIELDS if k in fields}
+    if fields.get("steps") is not None:
+        fields["epochs"] = None
+    return mech.Config(**fields)
+
+
 def configuration(r: dict) -> dict:
-    """A record's run as mech.py tells runs apart (mech.identity): fields that an older mech.py did
-    not write take their defaults; a record that makes no Config keeps its own fields."""
-    fields = {k: r[k] for k in CONFIG_FIELDS if k in r}
+    """A record's run as mech.py tells runs apart (mech.identity); a record that makes no Config
+    keeps its own fields."""
     try:
-        return mech.identity(mech.Config(**fields))
+        return mech.identity(config_of(r))
     except (TypeError, ValueError):
-        return fields
+        return {k: r[k] for k in CONFIG_FIELDS if k in r}
 
 
 def config_key(r: dict, ignore=("seed",)) -> tuple:
@@ -167,7 +176,7 @@ def summary_table(records: list) -> str:
 def table_notes(records: list) -> list:
     """The footnotes under the table: what its Attribs are, and over which documents the Value+1
     cells of results.json were averaged."""
-    notes = ["", "Attrib: the main setting (mech.main_setting: Key corrupted, the last layer's "
+    notes = ["", "Attrib: the main setting (mech.verdict_attribs: Key corrupted, the last layer's "
              "input; in a 1-layer model its mixer's output), averaged over the seeds whose answer "
              f"reacts to the corruption (p_clean - p_corrupted >= {MIN_EFFECT['ar']} on AR, "
              f"{MIN_EFFECT['atr']} on ATR: the paper's filters) on the documents that cell "

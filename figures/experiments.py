@@ -109,7 +109,7 @@ def sweep_or_exit(runs: list, root: str, jobs: int, run_flags: list, parser: mec
         parser.exit(1, f"{parser.prog}: error: {type(e).__name__}: {e}; {resume}\n")
     if failed:
         parser.exit(1, f"{parser.prog}: {len(failed)} of {len(runs)} runs failed, each named "
-                    "above with its log.txt; the same command retries them, and with --force (a "
+                    "above with its .log; the same command retries them, and with --force (a "
                     "mech.py flag) starts over those whose folder holds another configuration\n")
 
 

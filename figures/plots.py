@@ -160,7 +160,7 @@ def draw_run(out: str) -> list:
     title = (f"{fields.get('arch')} on {task}, d={fields.get('d_model')}, "
              f"test accuracy {metrics['accuracy']:.3f}")
     paths = []
-    for file, png in run_figures(analysis["rows"], curve, name, "%s[%d]" % mech.main_site(n_layer),
+    for file, png in run_figures(analysis["rows"], curve, name, "%s[%d]" % mech.verdict_site(n_layer),
                                  mech.PAPER_FILTER[task], mech.POSITIONS, title):
         write_file(os.path.join(out, file), png)
         paths.append(os.path.join(out, file))

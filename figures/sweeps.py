@@ -145,15 +145,14 @@ def sweep_overrides(extra, prog: str = "mech.py") -> dict:
 
 def run_config(run: dict, extra=(), prog: str = "mech.py", here: bool = False) -> mech.Config:
     """The configuration mech.py makes of a run's flags followed by the sweep's, refusing what
-    mech.py refuses before it trains (ValueError, or mech.RunError: a scan it cannot build): its
-    parser, mech.config_from_args, --threads (mech.main) and, with here (the run goes on this
-    machine), the device (mech.choose_device)."""
+    mech.py refuses before it trains (ValueError): its parser, mech.config_from_args, --threads
+    (mech.main) and, with here (the run goes on this machine), the device (mech.choose_device)."""
     args = run_parser(prog).parse_args(run_args(run) + list(extra))
     if args.threads is not None and args.threads < 1:  # mech.main's own check, in its words
         raise ValueError(f"--threads must be at least 1, got {args.threads}")
     cfg = mech.config_from_args(args)
     if here:
-        mech.choose_device(args.device, cfg)
+        mech.choose_device(args.device)
     return cfg
 
 
@@ -209,7 +208,7 @@ def say(*args) -> None:
 
 def run_sweep(runs: list, root: str, jobs: int, extra=(), log=say) -> list:
     """Run the runs that are not finished (see `finished`) in `jobs` local processes, splitting the
-    CPU threads between them; each process writes its output to <run folder>/log.txt. Returns the
+    CPU threads between them; each process writes its output to <run folder>.log beside it. Returns the
     folders of the runs that failed. On Ctrl-C, SIGTERM or SIGHUP (then Stopped) or any error,
     the runs still going are stopped at a checkpoint first, so that none outlives the sweep: a
     sweep started again would otherwise run the same folders at the same time."""
@@ -237,14 +236,15 @@ def run_sweep(runs: list, root: str, jobs: int, extra=(), log=say) -> list:
 
 
 def start_run(run: dict, out: str, extra, threads: int) -> subprocess.Popen:
-    """Start a run's process, its output appended to out/log.txt. It gets a process group of its
-    own: a Ctrl-C in the terminal reaches the sweep only, which then stops every run the same way
-    (stop_runs), each with the processes it may have started."""
-    os.makedirs(out, exist_ok=True)
+    """Start a run's process, its output appended to out.log, beside the folder that mech.py
+    keeps for the run's own files. It gets a process group of its own: a Ctrl-C in the terminal
+    reaches the sweep only, which then stops every run the same way (stop_runs), each with the
+    processes it may have started."""
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     cmd = run_command(run, out, sys.executable, os.path.abspath(mech.__file__), extra)
     if not any(a == "--threads" or a.startswith("--threads=") for a in extra):  # else: the user's
         cmd += ["--threads", str(threads)]
-    with open(os.path.join(out, "log.txt"), "a") as f:
+    with open(out + ".log", "a") as f:
         return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f,
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -256,7 +256,7 @@ def ended_runs(running: dict, log) -> list:
     for proc in [p for p in running if p.poll() is not None]:
         out = running.pop(proc)
         code = proc.returncode
-        log(f"{f'FAILED (exit {code}, see {out}/log.txt)' if code else 'done'}: "
+        log(f"{f'FAILED (exit {code}, see {out}.log)' if code else 'done'}: "
             f"{shlex.join(proc.args[1:])}")
         if code:
             failed.append(out)

@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 import time
 
 import pytest
@@ -344,10 +345,10 @@ def test_a_failed_sweep_says_so_in_one_line_and_force_starts_its_folders_over(tm
     r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 1 and "0 of 2 runs already done" in r.stdout, r.stdout + r.stderr
     failed = [line for line in r.stdout.splitlines() if line.startswith("FAILED (exit 1, see ")]
-    assert sorted(line.split("see ")[1].split(")")[0] for line in failed) == [f"{easy}/log.txt", f"{medium}/log.txt"]
+    assert sorted(line.split("see ")[1].split(")")[0] for line in failed) == [f"{easy}.log", f"{medium}.log"]
     err = r.stderr.strip().splitlines()
     assert len(err) == 1 and "2 of 2 runs failed" in err[0] and "--force" in err[0], r.stderr
-    assert "holds another run" in (easy / "log.txt").read_text() and "cannot be used" in (medium / "log.txt").read_text()
+    assert "holds another run" in Path(f"{easy}.log").read_text() and "cannot be used" in Path(f"{medium}.log").read_text()
     # --force starts over the folder of another configuration, never one whose config.json is no run's
     r = subprocess.run(args + ["--force"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 1 and "1 of 2 runs failed" in r.stderr, r.stdout + r.stderr
@@ -360,13 +361,12 @@ def test_a_failed_sweep_says_so_in_one_line_and_force_starts_its_folders_over(tm
 
 def test_a_stopped_sweep_stops_its_runs_at_a_checkpoint_and_resumes(tmp_path):
     args = [sys.executable, SCRIPT, "--sweep", "atr-attention-nope", "--seeds", "1", "--jobs", "2", "--sweep-dir",
-            str(tmp_path), "--figures-dir", str(tmp_path / "figures"), *ATR_TINY, "--steps", "600", "--eval-every", "600"]
+            str(tmp_path), "--figures-dir", str(tmp_path / "figures"), *ATR_TINY, "--steps", "600", "--eval-every", "20"]
     p = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        deadline = time.time() + 300
-        while len(list(tmp_path.glob("*/config.json"))) < 2 and time.time() < deadline:
+        deadline = time.time() + 300  # both runs training, each past its first checkpoint
+        while len(list(tmp_path.glob("*/checkpoint.pt"))) < 2 and time.time() < deadline:
             time.sleep(0.1)
-        time.sleep(0.5)  # both runs training (seconds of it)
         assert len(processes_in(tmp_path)) == 3  # the sweep and its two runs
         p.send_signal(signal.SIGTERM)  # to the sweep alone: its runs have process groups of their own
         out, err = p.communicate(timeout=120)
@@ -476,7 +476,7 @@ def test_collect_tells_old_value_plus_one_cells_from_new(tmp_path):
 
 
 # a 1-layer model's only block input is the embedding, where patching the Key undoes the corruption
-# itself: mech.main_setting reads its mixer output instead
+# itself: mech.verdict_attribs reads its mixer output instead
 def test_a_one_layer_model_is_read_at_its_mixer_output_not_the_embedding(tmp_path):
     fake_run(tmp_path / "one", {("block_input", 0, "key"): 1.0, ("mixer_output", 0, "query"): 1.0},
              arch="mamba", n_layer=1)

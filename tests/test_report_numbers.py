@@ -740,7 +740,7 @@ def test_the_coinciding_positions_on_atr_are_recounted(cpu):
 def rebuilt_documents(folder: str) -> "mech.Examples":
     """A CPU-preset run's test documents, drawn again by mech.py from its config.json."""
     with open(os.path.join(RUNS, "cpu_preset", folder, "config.json")) as f:
-        cfg = mech.Config(**json.load(f))
+        cfg = collect.config_of(json.load(f))
     return mech.make_task(cfg).sample(cfg.n_eval, mech.rng_for(cfg.seed, "test"), split="test")
 
 
@@ -1289,9 +1289,9 @@ def test_the_dynamics_prose_is_recounted():
     from figures import plots
     text = section("## The mechanism while it forms")
     m = metrics("cpu_preset", "ar_attention_s42")
-    lines = [mech.progress(p, m["steps"], m["steps_per_s"], collect.MIN_EFFECT["ar"])
+    lines = [mech.progress_line(p, m["steps"], m["steps_per_s"], collect.MIN_EFFECT["ar"])
              for p in m["curve"] if p["step"] in range(14000, 17000, 500)]
-    last = mech.progress(m["curve"][-1], m["steps"], m["steps_per_s"], collect.MIN_EFFECT["ar"])
+    last = mech.progress_line(m["curve"][-1], m["steps"], m["steps_per_s"], collect.MIN_EFFECT["ar"])
     assert "\n".join(lines + ["...", last]) in REPORT
     watched = lambda folder: [p for p in curve("cpu_preset", folder) if "attrib" in p]
     value = lambda p: p["attrib"]["main"]["value"]
