@@ -1,14 +1,11 @@
 """mech.py: a single-file reproduction of "Mechanistic evaluation of Transformers and state
 space models" (Arora, Rathi, Selvam, Csordás, Jurafsky, Potts; arXiv 2505.15105).
 
-Tiny 2-layer models of seven architectures (Attention, BaseConv, Based, H3, Hyena, Mamba,
-DeltaNet) learn Associative Recall (AR) and Associative Treecall (ATR); interchange
-interventions then ask *how* each solved it. Sections: 1 AR, 2 building blocks, 3 the seven
-mixers, 4 the model, 5 training, 6 interventions, 7 ATR; an appendix runs it. Each mixer maps
-(b, l, d) -> (b, l, d) in a pre-norm residual block, so "the residual stream entering layer i"
-is a plain tensor that can be read and patched.
-Guaranteed: the official maths (an official quirk is a flag, the paper's intent its default);
-not: the official RNG call order (so not its data or initial weights), nor fused CUDA speed.
+Tiny 2-layer models of seven architectures learn Associative Recall (AR) and Associative
+Treecall (ATR); interchange interventions then ask *how* each solved it. Sections: 1 AR, 2
+building blocks, 3 the seven mixers, each (b, l, d) -> (b, l, d), 4 the model, 5 training, 6
+interventions, 7 ATR; an appendix runs it. Guaranteed: the official maths (an official quirk
+is a flag, the paper's intent its default); not the official RNG calls, nor fused CUDA speed.
 Reading: Zoology (arXiv 2312.04927), H3 (2212.14052), Hyena (2302.10866), Mamba (2312.00752),
 mamba-minimal, DeltaNet (2406.06484). Shapes: b batch, l length, d width, h heads. Glossary:
     d_model, d         "Model dimension": the width of the residual stream
@@ -126,8 +123,8 @@ class AR:
     def sample(self, n: int, rng: Generator, split: str = "train") -> Examples:
         """n documents; AR has no held-out split (train and test differ by their rng)."""
         n_pairs, length = self.n_pairs, self.length
-        keys = self.first_key + distinct_ints(rng, n, n_pairs, self.n_keys)      # (n, n_pairs)
-        values = self.first_value + distinct_ints(rng, n, n_pairs, self.n_keys)  # (n, n_pairs)
+        keys = self.first_key + distinct_ints(rng, n, n_pairs, self.n_keys)  # (n, n_pairs)
+        values = self.first_value + distinct_ints(rng, n, n_pairs, self.n_keys)
         i = rng.integers(0, n_pairs, n)                                     # the queried pair
         rows = np.arange(n)
         pairs = np.stack([keys, values], axis=2).reshape(n, 2 * n_pairs)    # k1 v1 k2 v2 ...
@@ -243,7 +240,7 @@ class BaseConv(nn.Module):
     def __init__(self, d: int, width: int | None):
         super().__init__()
         self.projection = nn.Linear(d, d)
-        self.conv = CausalConv1d(d, width) if width else ImplicitLongConv(d)
+        self.conv = ImplicitLongConv(d) if width is None else CausalConv1d(d, width)
 
     def forward(self, u):
         return self.conv(u) * self.projection(u) + u
@@ -294,11 +291,11 @@ class H3(nn.Module):
         self.shift_D = nn.Parameter(torch.randn(d))
         H, modes = self.H, N // 2  # diagonal SSM: N/2 complex modes, as (..., 2) reals
         self.log_dt = nn.Parameter(torch.empty(H).uniform_(math.log(1e-3), math.log(1e-1)))
-        self.inv_A_real = nn.Parameter(torch.full((H, modes), math.log(0.5)))  # Re A = -exp(.)
+        self.inv_A_real = nn.Parameter(torch.full((H, modes), math.log(0.5)))  # A = -exp(.)
         self.A_imag = nn.Parameter(math.pi * torch.arange(modes).float().repeat(H, 1))
         B = torch.ones(H, modes, dtype=torch.cfloat)
         C = torch.randn(H, modes, dtype=torch.cfloat)
-        self.B = nn.Parameter(torch.view_as_real(B).clone())  # (H, M, 2)
+        self.B = nn.Parameter(torch.view_as_real(B).clone())  # (H, N/2, 2)
         self.C = nn.Parameter(torch.view_as_real(C).clone())
         self.D = nn.Parameter(torch.randn(H))
         self.output_linear = nn.Linear(d, d)
@@ -337,8 +334,9 @@ class H3(nn.Module):
         q, k, v = (x.view(b, l, H, p) for x in (q, k, v))                   # (b, l, H, p)
         kv = (k[..., :, None] * v[..., None, :]).flatten(2)                 # (b, l, H p p)
         # a head's S4D kernel, and its D, serve all p x p products of the head
-        K, D = self.diag_kernel(l).repeat_interleave(p * p, 0), self.D.repeat_interleave(p * p)
-        Y = (causal_long_conv(kv, K) + D * kv).view(b, l, H, p, p)          # Y[..., h, i, j]
+        K = self.diag_kernel(l).repeat_interleave(p * p, 0)                 # (H p p, l)
+        Y = causal_long_conv(kv, K) + self.D.repeat_interleave(p * p) * kv
+        Y = Y.view(b, l, H, p, p)                                           # Y[..., h, i, j]
         y = (q[..., None] * Y).sum(-2)                                      # (b, l, H, p)
         return self.output_linear(y.transpose(2, 3).reshape(b, l, d))       # channel j H + h
 
@@ -402,9 +400,9 @@ def selective_scan_ref(u, delta, A, B, C, D=None, z=None, delta_bias=None,
         Δ = softplus(delta + delta_bias)   (softplus only if delta_softplus)
         h_t = exp(Δ_t A) ⊙ h_{t-1} + Δ_t u_t B_t,   h_{-1} = 0,   state (b, c, n)
         y_t = C_t · h_t + D u_t;   out = y ⊙ SiLU(z)   (if z is given)
-    This is the continuous SSM h'(t) = A h(t) + B u(t) sampled at steps Δ: A by zero-order hold,
-    exp(Δ A), exact while u holds still between samples; B by a simplified Euler step, Δ B, as
-    the official kernels (A matters more; the exact (ΔA)⁻¹(exp(ΔA) - I) ΔB changes little)."""
+    It is the continuous SSM h'(t) = A h(t) + B u(t) sampled at steps Δ: A by zero-order
+    hold, exp(Δ A), exact while u holds still between samples; B by a simplified Euler step,
+    Δ B, as the official kernels (A matters more: ZOH's B changes little)."""
     dtype = u.dtype
     u, delta, A, B, C, D, z, delta_bias = map(at_least_fp32,
                                               (u, delta, A, B, C, D, z, delta_bias))
@@ -443,8 +441,9 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
             raise ValueError(f"selective_scan: {name} must be per token, (b, n, l) = "
                              f"{(b, n, l)}, not {tuple(x.shape)}")
     args = (u, delta, A, B, C, D, z, delta_bias, delta_softplus)
-    required = backend == "ext"
-    kernel = None if backend == "ref" else scan_ext.kernel(u.device, required=required)
+    kernel = None
+    if backend != "ref":
+        kernel = scan_ext.kernel(u.device, required=backend == "ext")
     if kernel:
         return kernel(*args)
     return selective_scan_ref(*args)
@@ -560,14 +559,13 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x))     # per-position MLP
 
 
-# A block's sites, the activations section 6 reads and patches: site -> (the module inside the
-# block, hooked on its input "in" or its output "out").
+# A block's sites, the activations section 6 reads and patches: site -> (the module in the
+# block, hooked on its input "in" or its output "out"). A mixer may add its own, a dict
+# `sites` {site: its submodule whose output is patched}: Mamba's {"conv_output": "conv_out"}.
 SITES = {
     "block_input": ("", "in"), "block_output": ("", "out"),  # the residual stream
     "mixer_input": ("mixer", "in"), "mixer_output": ("mixer", "out"),  # before the add
     "mlp_input": ("mlp", "in"), "mlp_output": ("mlp", "out")}
-# A mixer may add sites of its own, a dict `sites` {site: its submodule whose output is
-# patched}: Mamba's {"conv_output": "conv_out"}, its short conv's output.
 
 
 def base_conv_layer(cfg, i: int) -> BaseConv:
@@ -583,9 +581,8 @@ def based_layer(cfg, i: int) -> nn.Module:
     return BaseConv(cfg.d_model, None if cfg.long_conv else cfg.d_conv)
 
 
-# The registry of architectures: name -> (cfg, layer) -> a mixer (b, l, d) -> (b, l, d). cfg is
-# the run's Config (below); the factories read its d_model, n_head, d_conv, long_conv,
-# hyena_d_skip and scan.
+# The registry of architectures: name -> (cfg, layer) -> a mixer (b, l, d) -> (b, l, d), where
+# cfg is the run's Config (below).
 MIXERS = {
     "attention": lambda cfg, i: Attention(cfg.d_model, cfg.n_head),
     "base_conv": base_conv_layer,
@@ -618,7 +615,7 @@ def register_mixer(name: str, factory, d_conv: int | None = None, mamba_block=Fa
 
 def option(default, help: str, flag=None, choices=None, limits=None):
     """A Config field: its default, --help text, its flag if not --<name>, and the values it
-    allows (choices, or limits: (low, high)), which Config.check_values enforces."""
+    allows (choices, or limits: (low, high)), which Config.check enforces."""
     allowed = dict(help=help, flag=flag, choices=choices, limits=limits)
     return dataclasses.field(default=default, metadata=allowed)
 
@@ -629,11 +626,12 @@ def field_type(f: dataclasses.Field) -> type:
 
 
 # The fields a run reads only where another field has this value: field -> (field, value).
+# Given elsewhere (unless at their defaults), Config refuses them.
 APPLIES = dict(num_kv=("task", "ar"), n_pairs=("task", "ar"), atr=("task", "atr"),
                atr_query=("task", "atr"), held_out=("task", "atr"),
                grammar_seed=("task", "atr"), hyena_d_skip=("arch", "hyena"),
-               decay_frac=("schedule", "wsd"),
-               d_conv=("long_conv", False), bucket=("fresh_data", False))
+               decay_frac=("schedule", "wsd"), d_conv=("long_conv", False),
+               bucket=("fresh_data", False))
 
 
 @dataclasses.dataclass
@@ -643,8 +641,8 @@ class Config:
     A field left None takes its architecture's or its preset's value."""
     task: str = option("ar", "the task", choices=("ar", "atr"))  # -- what to train
     arch: str = option("attention", "the architecture, a name in MIXERS")
-    preset: str = option("cpu", "the values of the fields 'from --preset' (cpu: for 2 CPU "
-                         "cores; paper: its protocol; class: a claim in minutes)",
+    preset: str = option("cpu", "the fields 'from --preset': cpu (2 CPU cores), paper (its "
+                         "protocol), class (a claim in minutes)",
                          choices=("cpu", "paper", "class"))
     d_model: int | None = option(None, "model width d (paper: 16 .. 256)", limits=(1, 1024))
     n_layer: int = option(2, "number of blocks (the paper: 2)", "--layers", limits=(1, 16))
@@ -654,10 +652,10 @@ class Config:
                                 "based, base_conv: 3)", "--dconv", limits=(0, L_MAX))
     long_conv: bool = option(False, "based / base_conv: the long conv for the short one")
     hyena_d_skip: bool = option(True, "Hyena's D skip (the official runs zeroed it by a bug)")
-    value_corruption: str = option("value", "a corrupted Value becomes a value, or "
-                                   "(official) a key", choices=("value", "key"))
-    scan: str = option("auto", "Mamba layers' scan (ext: scan_ext/'s kernel; ref: the loop; "
-                       "auto: ext if it builds)", choices=SCAN_BACKENDS)
+    value_corruption: str = option("value", "a corrupted Value becomes a value or (official) "
+                                   "a key", choices=("value", "key"))
+    scan: str = option("auto", "Mamba's scan: scan_ext's kernel (ext), the loop (ref), or "
+                       "ext if it builds (auto)", choices=SCAN_BACKENDS)
     num_kv: int = option(8192, "AR: key + value tokens", limits=(4, 10 ** 6))  # -- data
     n_pairs: int | None = option(None, "AR: key-value pairs per document", limits=(1, 500))
     atr: str = option("easy", "ATR setting (easy: Lmax 5, |Σ| 20; medium: Lmax 10; 8192: "
@@ -678,10 +676,8 @@ class Config:
                                limits=(1, 10 ** 7))
     epochs: int | None = option(None, "passes over the training set", limits=(1, 10 ** 4))
     batch_size: int = option(32, "training batch size", limits=(1, 4096))
-    lr: float | None = option(None, "peak learning rate (paper: 3e-5 .. 3e-2)",
-                              limits=(0, 1.0))
-    warmup_frac: float | None = option(None, "share of the steps in warmup",
-                                       limits=(0.0, 0.99))
+    lr: float | None = option(None, "peak learning rate (paper: 3e-5 .. 3e-2)", limits=(0, 1))
+    warmup_frac: float | None = option(None, "share of the steps in warmup", limits=(0, 0.99))
     schedule: str | None = option(None, "after warmup (wsd: hold the peak, then decay)",
                                   choices=("cosine", "linear", "wsd"))
     decay_frac: float = option(0.2, "wsd: share of the steps decaying", limits=(0.001, 1.0))
@@ -691,60 +687,48 @@ class Config:
     seed: int = option(42, "seed of the data and the weights", limits=(0, 2 ** 32 - 1))
 
     def __post_init__(self):
-        self.check_values()  # what was given, before the presets read it
+        self.check()  # what was given, before the preset reads it
         for name, value in self.defaults().items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
-        self.check_values()
+        self.check()
         problem = next(self.problems(), None)
         if problem:
             raise ValueError(problem)
 
     def defaults(self) -> dict:
-        """The values of the fields left None: the architecture's, then the preset's."""
-        presets = {"cpu": self.cpu_preset, "paper": self.paper_preset,
-                   "class": self.class_preset}
-        out = dict(pos_emb=self.arch == "attention", d_conv=DEFAULT_DCONV.get(self.arch))
-        out.update(presets[self.preset]())
+        """The values of the fields left None: the architecture's, then the preset's. paper:
+        its protocol (tinylang experiments/*.yaml; it reports the best of 5-7 rates), cosine
+        to 0 (linear if held out), AR 16 epochs (50,016 steps), ATR 32. cpu: its task, data
+        and batch at d = 64 on a schedule fit to 2 CPU cores, longer where the calibration
+        (figures/README.md) found that short. class: cpu cut to show each headline claim in
+        minutes, 15,000 steps where some seeds form their mechanism later."""
+        task, arch = self.task, self.arch
+        out = dict(pos_emb=arch == "attention", d_conv=DEFAULT_DCONV.get(arch), d_model=64,
+                   n_pairs=16, n_train=100_032, warmup_frac=0.1, lr=1e-3, fresh_data=False)
+        if self.preset == "paper":
+            out.update(epochs=16 if task == "ar" else 32, steps=None, bucket=0,
+                       eval_every=200, schedule="linear" if self.held_out else "cosine")
+        else:
+            out.update(steps=15_000, epochs=None, schedule="wsd", eval_every=500,
+                       bucket=16 if task == "atr" else 0)
+            if (task, arch) == ("ar", "attention"):  # its induction forms late
+                out.update(steps=30_000)
+            if (task, arch) == ("atr", "attention"):  # else it stays on copying
+                out.update(warmup_frac=0.5)
+            if (task, arch) == ("ar", "mamba"):  # else it memorises the fixed set
+                out.update(steps=20_000, lr=3e-3, fresh_data=True)
+            if (task, arch, self.pos_emb) == ("ar", "based", True):  # the same
+                out.update(lr=3e-4)
+        if self.preset == "class":
+            slow = (task, arch) in (("ar", "attention"), ("atr", "mamba"))
+            out.update(steps=15_000 if slow else 10_000)
+            if task == "ar" and arch in ("attention", "based"):
+                out.update(d_model=32, n_pairs=8, n_train=50_000)
+            if (task, arch) == ("atr", "mamba"):
+                out.update(lr=5e-3, warmup_frac=0.6)
         if self.steps is not None or self.epochs is not None:  # a given length wins
             del out["steps"], out["epochs"]
-        return out
-
-    def paper_preset(self) -> dict:
-        """The paper's protocol (tinylang experiments/*.yaml; it reports the best of 5-7
-        rates): cosine to 0 (linear if held out); AR 16 epochs (50,016 steps), ATR 32."""
-        return dict(steps=None, epochs=16 if self.task == "ar" else 32, lr=1e-3, bucket=0,
-                    eval_every=200, schedule="linear" if self.held_out else "cosine",
-                    fresh_data=False, warmup_frac=0.1, d_model=64, n_pairs=16,
-                    n_train=100_032)
-
-    def cpu_preset(self) -> dict:
-        """The paper's task, data and batch at d = 64 on a schedule fit to 2 CPU cores; longer
-        where its calibration (figures/README.md) found that short."""
-        out = dict(steps=15_000, epochs=None, lr=1e-3, schedule="wsd", fresh_data=False,
-                   eval_every=500, warmup_frac=0.1, bucket=16 if self.task == "atr" else 0,
-                   d_model=64, n_pairs=16, n_train=100_032)
-        if (self.task, self.arch) == ("ar", "attention"):  # its induction forms late
-            out.update(steps=30_000)
-        if (self.task, self.arch) == ("atr", "attention"):  # else it stays on copying
-            out.update(warmup_frac=0.5)
-        if (self.task, self.arch) == ("ar", "mamba"):  # else it memorises the fixed set
-            out.update(steps=20_000, lr=3e-3, fresh_data=True)
-        if (self.task, self.arch, self.pos_emb) == ("ar", "based", True):  # the same
-            out.update(lr=3e-4)
-        return out
-
-    def class_preset(self) -> dict:
-        """The CPU preset cut to show each headline claim in minutes (figures/README.md, "The
-        class preset"): 10,000 steps, 15,000 where some seeds form their mechanism later."""
-        out = self.cpu_preset()
-        out.update(steps=10_000)
-        if self.task == "ar" and self.arch in ("attention", "based"):
-            out.update(d_model=32, n_pairs=8, n_train=50_000)
-        if (self.task, self.arch) in (("ar", "attention"), ("atr", "mamba")):
-            out.update(steps=15_000)
-        if (self.task, self.arch) == ("atr", "mamba"):
-            out.update(lr=5e-3, warmup_frac=0.6)
         return out
 
     @property
@@ -753,14 +737,14 @@ class Config:
             return self.steps
         return self.epochs * (self.n_train // self.batch_size)
 
-    def check_values(self):
+    def check(self):
         """Refuse, in a ValueError of one line, a value of the wrong type or outside what its
-        field allows; None waits for the defaults where a field's default is None."""
+        field allows (None, where the default is None, waits for the defaults)."""
         for f in dataclasses.fields(self):
             value, allowed, kind = getattr(self, f.name), f.metadata, field_type(f)
+            kinds = (int, float) if kind is float else kind  # a float field takes 1 for 1.0
             if value is None and f.default is None:
                 continue
-            kinds = (int, float) if kind is float else kind  # a float field takes 1 for 1.0
             if not isinstance(value, kinds) or isinstance(value, bool) != (kind is bool):
                 raise ValueError(f"{f.name} must be {kind.__name__}, got {value!r}")
             if allowed["choices"] and value not in allowed["choices"]:
@@ -773,8 +757,8 @@ class Config:
             raise ValueError(f"unknown arch {self.arch!r}; choose from {', '.join(MIXERS)}")
 
     def problems(self):
-        """The combinations that cannot be trained, or that set a field this run never reads
-        (one left at its default is fine), in words."""
+        """In words: the combinations that cannot be trained, and the fields given where this
+        run does not read them (APPLIES)."""
         d, arch, defaults = self.d_model, self.arch, self.defaults()
         if self.steps is not None and self.epochs is not None:
             yield f"give steps ({self.steps}) or epochs ({self.epochs}), not both"
@@ -791,9 +775,8 @@ class Config:
         if self.d_conv is not None and arch not in DEFAULT_DCONV:
             yield (f"d_conv {self.d_conv}: {arch} has no short conv (these have: "
                    f"{', '.join(DEFAULT_DCONV)})")
-        if self.d_conv == 0 and arch in ("based", "base_conv"):  # y = conv(u) ⊙ (W u + b) + u
-            yield (f"d_conv 0: {arch}'s short-conv layers mix positions by that conv alone; "
-                   "give it a width of 1 or more")
+        if self.d_conv == 0 and arch in ("based", "base_conv"):  # conv(u) ⊙ (W u + b) + u
+            yield f"d_conv 0: {arch}'s short-conv layers mix positions by that conv alone"
         if self.long_conv and arch not in ("based", "base_conv"):
             yield f"long_conv applies to based and base_conv, not {arch}"
         if self.task == "ar" and (self.num_kv % 2 or self.n_pairs > self.num_kv // 2):
@@ -806,7 +789,7 @@ class Config:
 def init_weights(model: nn.Module, cfg: Config):
     """The official init, after the modules' own. zoology (not Mamba): Linear and embedding
     weights ~ N(0, 0.02), biases 0, and weights *named* out_proj.weight, fc2.weight or
-    output_linear.0.weight ~ N(0, 0.02/√(2 n_layer)) (not H3's output_linear, Based's proj_o).
+    output_linear.0.weight ~ N(0, 0.02/√(2 n_layer)) (not H3's output_linear, Based proj_o).
     mamba_ssm: the same embeddings and biases (not dt_proj's), out_proj kaiming / √n_layer.
     Each block takes its own kind's, so that a hybrid's layers are initialised as alone."""
     in_mamba = tuple(f"blocks.{i}." for i, block in enumerate(model.blocks) if block.mamba)
@@ -864,37 +847,35 @@ def build_model(cfg: Config, vocab_size: int) -> LanguageModel:
 
 @torch.no_grad()
 def check_mixers(model: LanguageModel, arch: str, length: int) -> None:
-    """Try each layer's mixer as the run uses it (eval mode, `length` tokens); refuse, in one
-    line, one that mixer_problem finds wrong. train() asks before training and at each
-    evaluation, for a mixer may learn to look ahead."""
-    d, g = model.tok_emb.embedding_dim, torch.Generator().manual_seed(0)  # its own inputs
-    x = torch.randn(1, length, d, generator=g).to(model.tok_emb.weight.device)  # (1, l, d)
-    for layer, block in enumerate(model.blocks):
-        if not isinstance(block.mixer, nn.Module):
-            raise ValueError(f"mixer {arch!r}: its factory returned a "
-                             f"{type(block.mixer).__name__}, not a torch module")
-        was_training = block.mixer.training
-        try:
-            with torch.random.fork_rng(devices=[]):  # the run's random numbers stay as they were
-                problem = mixer_problem(block.mixer.eval(), x, g)
-        except Exception as e:  # its own error, in one line
+    """Try each layer's mixer as the run uses it, in eval mode on `length` random tokens, and
+    refuse in one line one that mixer_problem finds wrong. train() asks before training and
+    at each evaluation, for a mixer may learn to look ahead."""
+    g = torch.Generator().manual_seed(0)  # the probe's own random inputs
+    x = torch.randn(1, length, model.tok_emb.embedding_dim, generator=g)    # (1, l, d)
+    for layer, mixer in enumerate(block.mixer for block in model.blocks):
+        was_training = getattr(mixer, "training", False)
+        try:  # its own error, in one line; the run's random numbers stay as they were
+            with torch.random.fork_rng(devices=[]):
+                problem = mixer_problem(mixer.eval(), x.to(model.tok_emb.weight.device), g)
+        except Exception as e:
             problem = f"fails: {type(e).__name__}: {e}"
         finally:
-            block.mixer.train(was_training)
+            if isinstance(mixer, nn.Module):
+                mixer.train(was_training)
         if problem:
             raise ValueError(f"mixer {arch!r} (layer {layer}) {problem}")
 
 
 def mixer_problem(mixer: nn.Module, x: torch.Tensor, g: torch.Generator) -> str | None:
-    """What is wrong with a mixer on x (1, l, d), in words: it must keep (b, l, d) and stay
-    finite; its own sites must be submodules with (b, l, ·) outputs, not named as a block's;
-    and it must be causal: for every position i, an input changed from i on leaves every
-    output before i as it was."""
+    """What is wrong with a mixer on x (1, l, d), in words, if anything. It must keep (b, l,
+    d) and stay finite; its sites be submodules with (b, l, ·) outputs, not named as a
+    block's; and be causal: an input changed from position i on leaves outputs before i."""
     own, outs = getattr(mixer, "sites", {}), {}
     if set(own) & set(SITES):
         return f"names a site {', '.join(set(own) & set(SITES))}, a block's; choose another"
     hooks = [mixer.get_submodule(path).register_forward_hook(
-        lambda m, args, out, site=site: outs.setdefault(site, out)) for site, path in own.items()]
+             lambda m, args, out, site=site: outs.setdefault(site, out))
+             for site, path in own.items()]
     y = mixer(x)
     for hook in hooks:
         hook.remove()
@@ -904,7 +885,8 @@ def mixer_problem(mixer: nn.Module, x: torch.Tensor, g: torch.Generator) -> str 
     if not y.isfinite().all():
         return "returns NaN or inf on a random input"
     for site in own:
-        if not isinstance(outs.get(site), torch.Tensor) or outs[site].shape[:2] != x.shape[:2]:
+        out = outs.get(site)
+        if not isinstance(out, torch.Tensor) or out.shape[:2] != y.shape[:2]:
             return f"has a site {site!r} whose output is no (b, l, ...) tensor"
     l = x.shape[1]
     later = torch.arange(l)[:, None] <= torch.arange(l)                    # (l, l): i <= t
@@ -912,11 +894,10 @@ def mixer_problem(mixer: nn.Module, x: torch.Tensor, g: torch.Generator) -> str 
         other = torch.randn(len(rows), l, x.shape[2], generator=g).to(x.device)
         xs = torch.where(later[rows, :, None].to(x.device), other, x)      # (rows, l, d)
         moved = (mixer(xs) - y).abs().amax(-1).cpu() > 1e-4 * (1 + y.abs().max().item())
-        moved &= ~later[rows]
-        if moved.any():
-            i, t = moved.nonzero()[0].tolist()
-            return (f"is not causal: its output at position {t} changes with the input at "
-                    f"position {rows[i]}")
+        i, t = (moved & ~later[rows]).nonzero().T
+        if len(i):
+            return (f"is not causal: its output at position {t[0]} changes with the input at "
+                    f"position {rows[i[0]]}")
     return None
 
 
@@ -984,18 +965,18 @@ def training_batches(cfg: Config, task, device) -> tuple:
 
 
 def engine(model: LanguageModel, device) -> dict:
-    """What decides a run's numbers besides its Config, recorded in metrics.json and checked
-    on a resume: the device; the CPU's vector width, by which torch's kernels round; the
-    thread count, each summing in its own order; torch; Mamba's scan, here built (scan_ext's
-    build key) or the loop (None); a model without Mamba layers has no scan ("")."""
-    scan = ""
-    for mamba in [m for m in model.modules() if isinstance(m, Mamba)][:1]:
+    """What decides a run's numbers besides its Config, kept in metrics.json and checked on a
+    resume: the device and its CPU's vector width, by which torch rounds; the thread count,
+    each summing in its own order; torch; and Mamba's scan: the kernel (its build key), the
+    loop (None) or none ("")."""
+    mambas = [m for m in model.modules() if isinstance(m, Mamba)]
+    scan = None if mambas else ""
+    if mambas and mambas[0].scan != "ref":
         try:
-            kernel = mamba.scan != "ref" and scan_ext.kernel(torch.device(device),
-                                                             required=mamba.scan == "ext")
+            if scan_ext.kernel(torch.device(device), required=mambas[0].scan == "ext"):
+                scan = scan_ext.build_key
         except RuntimeError as e:  # --scan ext where it cannot build: one line
             raise RunError(str(e)) from None
-        scan = scan_ext.build_key if kernel else None
     return dict(device=torch.device(device).type, cpu=torch.backends.cpu.get_cpu_capability(),
                 threads=torch.get_num_threads(), torch=str(torch.__version__), scan=scan)
 
@@ -1013,6 +994,10 @@ def identity(cfg: Config) -> dict:
     return stored(cfg) | {"preset": None, "epochs": None, "steps": cfg.total_steps}
 
 
+def in_one_line(e: Exception) -> str:
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+
+
 def save(path: str, obj) -> None:
     """Write a file under a temporary name, then rename it: a stop, a kill or a full disk
     leaves the old file (or none), never half of one; a failure is one line."""
@@ -1025,8 +1010,7 @@ def save(path: str, obj) -> None:
             torch.save(obj, tmp)
         os.replace(tmp, path)
     except (OSError, RuntimeError) as e:  # torch.save's is a RuntimeError
-        why = (str(e).strip().splitlines() or [""])[0][:200]
-        raise RunError(f"{path} could not be written ({type(e).__name__}: {why})") from None
+        raise RunError(f"{path} could not be written ({in_one_line(e)})") from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -1039,9 +1023,8 @@ def reading(path: str):
     try:
         yield
     except Exception as e:
-        why = (str(e).strip().splitlines() or [""])[0][:200]
-        raise RunError(f"{path} cannot be used ({type(e).__name__}: {why}); repair or move "
-                       "it, or choose another --out") from None
+        raise RunError(f"{path} cannot be used ({in_one_line(e)}); repair or move it, or "
+                       "choose another --out") from None
 
 
 def stored_identity(out: str) -> dict | None:
@@ -1053,37 +1036,48 @@ def stored_identity(out: str) -> dict | None:
         fields = json.load(f)
         code = fields.pop("mixer_code", None)
         theirs = identity(Config(**fields))
-    theirs.pop("mixer_code", None)
+    theirs.pop("mixer_code", None)  # this process's, if it registered the arch: not theirs
     return theirs | ({"mixer_code": code} if code else {})
 
 
+def differences(theirs: dict, mine: dict, name: str) -> str:
+    return ", ".join(f"{k} {theirs.get(k)} ({name}: {mine.get(k)})" for k in theirs | mine
+                     if theirs.get(k) != mine.get(k))
+
+
 def claim(out: str, cfg: Config) -> None:
-    """Make `out` this run's folder: a new or empty one gets its config.json, one with this
-    run's is taken; any other is refused, and nothing in it is touched."""
+    """Make `out` this run's folder: a new or empty one gets its config.json; any other but
+    this run's is refused, and nothing in it touched."""
     os.makedirs(out, exist_ok=True)
-    theirs, mine = stored_identity(out), identity(cfg)
+    theirs = stored_identity(out)
+    files = [f for f in os.listdir(out) if not f.endswith(".tmp")]  # .tmp: a kill -9's
+    if theirs is None and files:
+        raise RunError(f"{out} holds {', '.join(sorted(files))} but no config.json of a run; "
+                       "choose another --out")
     if theirs is None:
-        files = sorted(f for f in os.listdir(out) if not f.endswith(".tmp"))  # a kill's
-        if files:
-            raise RunError(f"{out} holds {', '.join(files)} but no config.json of a run; "
-                           "choose another --out")
         save(os.path.join(out, "config.json"), stored(cfg))
-    elif theirs != mine:
-        diff = ", ".join(f"{k} {theirs.get(k)} (asked: {mine.get(k)})"
-                         for k in theirs | mine if theirs.get(k) != mine.get(k))
+    elif theirs != identity(cfg):
+        diff = differences(theirs, identity(cfg), "asked")
         raise RunError(f"{out} holds another run ({diff}); choose another --out")
 
 
-def finished(out: str, cfg: Config) -> dict | None:
-    """The metrics of this run if its folder `out` holds it finished (metrics.json)."""
-    path = os.path.join(out, "metrics.json")
+def finished(out: str, cfg: Config, task, device) -> tuple | None:
+    """(model, metrics) of this run if its folder `out` holds it finished: metrics.json, and
+    model.pt if it is there (else the model is None)."""
+    path, model = os.path.join(out, "metrics.json"), None
     if stored_identity(out) != identity(cfg) or not os.path.exists(path):
         return None
     with reading(path), open(path) as f:
         metrics = json.load(f)
         if not {"accuracy", "curve"} <= metrics.keys():
             raise ValueError("no metrics of a mech.py run")
-    return metrics
+    path = os.path.join(out, "model.pt")
+    if os.path.exists(path):
+        with reading(path):
+            weights = torch.load(path, device)
+            model = build_model(cfg, task.vocab_size).to(device)
+            model.load_state_dict(weights)
+    return model, metrics
 
 
 def train(cfg: Config, out: str | None = None, device="cpu", log=print,
@@ -1092,10 +1086,10 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
     stopped or killed resumes exactly from its last evaluation, and a finished one is loaded,
     not trained again (its model None if model.pt is gone)."""
     task = make_task(cfg)
-    metrics = None if out is None else finished(out, cfg)
-    if metrics is not None:
+    shown = None if out is None else finished(out, cfg, task, device)
+    if shown is not None:
         log(f"{out} already holds this run")
-        return load_model(cfg, task, out, device), metrics
+        return shown
     batch_at, longest = training_batches(cfg, task, device)
     test = task.sample(cfg.n_eval, rng_for(cfg.seed, "test"), split="test").to(device)
     dev_docs = None  # --held-out: the test documents ask held-out pairs only, dev ones others
@@ -1128,16 +1122,22 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
         if refused:
             raise RunError(refused)
         if then != now:  # another thread count, scan or CPU: not this run's numbers
-            diff = ", ".join(f"{k} {then.get(k)} (here: {now[k]})" for k in now
-                             if then.get(k) != now[k])
-            raise RunError(f"{checkpoint} was trained to step {step:,} with {diff}; resume "
-                           "it with the same (--threads), or --force to start over")
+            raise RunError(f"{checkpoint} was trained to step {step:,} with "
+                           f"{differences(then, now, 'here')}; resume it with the same "
+                           "(--threads), or --force to start over")
         log(f"resuming {out} at step {step:,}")
     n_params = sum(w.numel() for w in model.parameters())
     log(f"{cfg.arch} on {cfg.task}: d={cfg.d_model}, {cfg.n_layer} layers, {n_params:,} "
         f"parameters, {cfg.total_steps:,} steps, lr {cfg.lr:g}, {now['device']}, "
         f"{now['threads']} thread(s)")
     start, t0, cpu0, told = step, time.time(), time.process_time(), False
+
+    def busy() -> str:  # on a machine that gave the run less than a core: a hint, once
+        seconds, cpu = time.time() - t0, time.process_time() - cpu0
+        if now["threads"] == 1 or cpu >= 0.8 * seconds:
+            return ""
+        return (f" | this busy machine gave the run {cpu / seconds:.0%} of a core: --threads "
+                "1 may be faster (its numbers are another run's)")
 
     def save_checkpoint(step: int, refused: str = ""):  # all that resumes the run exactly
         if out is not None:
@@ -1158,12 +1158,11 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
         loss_sum += loss.detach()  # no .item() here: it would wait for a GPU every step
         done = step + 1
         if done % cfg.eval_every and done != cfg.total_steps:
-            if not told and time.time() - t0 > 30:  # a slow start is said, once
+            if not told and time.time() - t0 > 30:  # no evaluation yet: the pace, now
                 told = True
-                log(f"step {done:,}/{cfg.total_steps:,} | "
-                    f"{(done - start) / (time.time() - t0):5.1f} steps/s | the first "
-                    f"evaluation at step {(start // cfg.eval_every + 1) * cfg.eval_every:,}"
-                    + busy(time.time() - t0, time.process_time() - cpu0))
+                rate, first = (done - start) / (time.time() - t0), start + cfg.eval_every
+                log(f"step {done:,}/{cfg.total_steps:,} | {rate:5.1f} steps/s | the first "
+                    f"evaluation at step {first - first % cfg.eval_every:,}" + busy())
             continue
         # every eval_every steps and at the end: evaluate, watch the mechanism, checkpoint
         train_loss = loss_sum.item() / (done - (curve[-1]["step"] if curve else 0))
@@ -1189,8 +1188,8 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
             save_checkpoint(done, refused)
             raise RunError(refused) from None
         rate = (done - start) / (time.time() - t0)  # PAPER_FILTER: section 6, ahead
-        log(progress_line(point, cfg.total_steps, rate, PAPER_FILTER[cfg.task]) + (
-            "" if told else busy(time.time() - t0, time.process_time() - cpu0)))
+        log(progress_line(point, cfg.total_steps, rate, PAPER_FILTER[cfg.task])
+            + ("" if told else busy()))
         told = True
         save_checkpoint(done)  # so that a stop or a kill -9 loses at most eval_every steps
     # finished: the metrics (the last evaluation's), the model; the checkpoint goes last
@@ -1208,26 +1207,6 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
     return model, metrics
 
 
-def load_model(cfg: Config, task, out: str, device) -> LanguageModel | None:
-    """The finished run's model from its model.pt, None if there is none."""
-    path = os.path.join(out, "model.pt")
-    if not os.path.exists(path):
-        return None
-    model = build_model(cfg, task.vocab_size).to(device)
-    with reading(path):
-        model.load_state_dict(torch.load(path, device))
-    return model
-
-
-def busy(seconds: float, cpu_seconds: float) -> str:
-    """The end of the first progress line: on a busy machine (the run's threads had less than
-    one core's time), a hint that one thread may be faster; else nothing."""
-    if torch.get_num_threads() == 1 or cpu_seconds >= 0.8 * seconds:
-        return ""
-    return (f" | the machine is busy (this run had {cpu_seconds / seconds:.0%} of a core): "
-            "--threads 1 may be faster, though its numbers are another run's")
-
-
 def progress_line(point: dict, total: int, rate: float, min_effect: float) -> str:
     """A line per evaluation: loss, accuracy, Attribs where the Key matters, time left."""
     dev = f" (dev {point['dev_accuracy']:.3f})" if "dev_accuracy" in point else ""
@@ -1243,19 +1222,16 @@ def progress_line(point: dict, total: int, rate: float, min_effect: float) -> st
 
 # 6. Interventions: the mechanistic evaluation -----------------------------------------------
 # An interchange intervention asks where the information that decides the answer lives:
-# corrupt the Key (another key in its place) and run the document again, but at one site (e.g.
-# the residual stream into layer i) and one position put back the clean run's activation. The
-# share of p(answer) that comes back is
+# corrupt the Key (another key in its place), run the document again, but at one site (section
+# 4's SITES, or a mixer's own) and one position put back the clean run's activation:
 #     Attrib = (mean p_patched - mean p_corrupted) / (mean p_clean - mean p_corrupted)
-# At the last layer's input, Attrib@Value ≈ 1 is induction (earlier layers stored "this value
-# follows that key" at the Value; the last matches the Query against it); @Query ≈ 1: the
-# answer was retrieved already; @Key ≈ 1: the last layer reads the Key's position itself.
+# At the last layer's input, Attrib@Value ≈ 1 is induction (earlier layers stored "this
+# value follows that key" at the Value; the last matches the Query against it); @Query ≈ 1:
+# the answer was retrieved already; @Key ≈ 1: the last layer reads the Key position itself.
 # Official implementation: aryamanarora/tinylang, tinylang/eval/interchange.py (with pyvene).
-# The sites are section 4's SITES, in every block, and each mixer's own.
-POSITIONS = ("key", "value", "value+1", "value+2", "divider", "query")
-# Value+1 (in AR the next key) or Value+2 may be the divider or the Query: their cells average
-# only the documents where they are not.
-# Below this effect (mean p_clean - mean p_corrupted) the paper leaves a run out of its
+POSITIONS = ("key", "value", "value+1", "value+2", "divider", "query")  # Value+1 or +2 may be
+# the divider or the Query: their cells average only the documents where they are not
+# Below this Key effect (mean p_clean - mean p_corrupted) the paper leaves a run out of its
 # mechanism plots: its Attribs would be ratios of noise.
 PAPER_FILTER = {"ar": 0.01, "atr": 0.1}
 # The verdict in words asks more on both tasks: AR's 0.01 is about 3 documents in 320.
@@ -1348,7 +1324,8 @@ def interchange(model: LanguageModel, task, data: Examples, corrupted: str = "ke
         corr.append(p_answer(model, batch, bad_ids).double())
         for site, layer, position in patch:
             where = positions(batch, position)
-            with intervene(model, site, layer, patched(where, cache[site, layer][rows, where])):
+            clean_act = cache[site, layer][rows, where]
+            with intervene(model, site, layer, patched(where, clean_act)):
                 patch[site, layer, position].append(p_answer(model, batch, bad_ids).double())
     model.train(was_training)
     clean, corr = torch.cat(clean), torch.cat(corr)  # (n,) per document
@@ -1442,14 +1419,14 @@ def mechanism_report(rows: list, n_layer: int) -> str:
     lines.append("p(answer): clean {p_clean:.3f}, Key corrupted {p_corr:.3f}".format(
         **next(r for r in key_rows if r["position"] == "query")))
     n = {r["position"]: r["n"] for r in key_rows}  # documents averaged
-    fewer = [f"@{position} {n[position]}" for position in POSITIONS if n[position] < n["query"]]
+    fewer = [f"@{name} {n[name]}" for name in POSITIONS if n[name] < n["query"]]
     if fewer:
         lines.append(f"documents averaged: {', '.join(fewer)} of {n['query']} "
                      "(in the others that position is another named one)")
-    convs = {layer: c for (site, layer), c in table.items() if site == "conv_output"}
-    for layer, conv in convs.items() if key_effect(rows) >= VERDICT_MIN_EFFECT else ():
-        line = (f"layer {layer}'s short conv output restores Attrib {conv['key']:.2f} at the "
-                f"Key, {conv['value']:.2f} at the Value, {conv['value+1']:.2f} at Value+1")
+    conv = table.get(("conv_output", 0))
+    if conv and key_effect(rows) >= VERDICT_MIN_EFFECT:
+        line = (f"layer 0's short conv output restores Attrib {conv['key']:.2f} at the Key, "
+                f"{conv['value']:.2f} at the Value, {conv['value+1']:.2f} at Value+1")
         if conv["value+1"] >= VERDICT_DOMINANT:
             line += ("; here the conv at the token after the Value (its window spans Key and "
                      "Value) carries the association")
@@ -1536,7 +1513,7 @@ class ATR:
         """The held-out pairs, then the grammar, from the legacy RNG in the official order.
         Symbols are ints: s < T is terminal s, s >= T is nonterminal s - T."""
         T, NT = self.n_terminals, self.n_nonterminals
-        # 1. the held-out (parent label, query label) pairs (T, T), first: they change the rest
+        # 1. the held-out (parent label, query label) pairs (T, T), first: the rest follows
         self.held_pairs = rs.rand(T, T) < self.held_out if self.held_out > 0 else None
         # 2. levels 1..max_depth (official: max_depths); a rule uses higher ones only: all end
         self.level = np.array([rs.randint(1, self.max_depth + 1) for _ in range(NT)])
@@ -1725,16 +1702,17 @@ def build_parser() -> Parser:
         parser.add_argument(*dict.fromkeys((FLAGS[f.name], "--" + f.name.replace("_", "-"))),
                             dest=f.name, default=argparse.SUPPRESS, **extra,
                             help=f"{f.metadata['help']}{allowed} (default: {default})")
-    parser.add_argument("--out", help="run folder (default: runs/<task>_<arch>_..._<its hash>)")
+    parser.add_argument("--out", help="run folder (default: runs/<task>_<arch>_..._<hash>)")
     parser.add_argument("--device", default="auto", help="auto (cuda if there is one), cpu, "
                         "cuda or cuda:N (default: auto)")
     parser.add_argument("--threads", type=int, help="CPU threads: each count sums in its own "
                         "order, so the same count gives the same numbers (default: torch's)")
     parser.add_argument("--force", action="store_true", help="start the run in --out over "
                         f"(deletes {', '.join(RUN_FILES)} there)")
-    parser.add_argument("--interventions", default=True, action=argparse.BooleanOptionalAction,
+    switch = dict(default=True, action=argparse.BooleanOptionalAction)
+    parser.add_argument("--interventions", **switch,
                         help="after training, the mechanistic evaluation (default: on)")
-    parser.add_argument("--dynamics", default=True, action=argparse.BooleanOptionalAction,
+    parser.add_argument("--dynamics", **switch,
                         help="at each evaluation, the mechanism while it forms (default: on)")
     parser.add_argument("--mixer-file", metavar="FILE", action="append", help="a Python file "
                         "to run first, one that registers a mixer of your own "
@@ -1795,7 +1773,8 @@ def run(cfg: Config, args) -> dict:
         say(f"{cfg.arch} on {cfg.task}: test accuracy {metrics['accuracy']:.3f} ({right}/"
             f"{cfg.n_eval}) after {metrics['steps']:,} steps in {minutes:.1f} min "
             f"({metrics['steps_per_s']:.1f} steps/s); saved in {out}")
-    analyses = {"interventions": "test"} | ({"interventions_dev": "dev"} if cfg.held_out else {})
+    analyses = dict(interventions="test") | (dict(interventions_dev="dev") if cfg.held_out
+                                              else {})
     for key, split in analyses.items():
         if key in metrics or not args.interventions:
             continue

@@ -123,7 +123,7 @@ BAD = [  # Config's fields -> the words both refuse them with
     (dict(arch="mamba", n_head=2), ["n_head 2"]),
     (dict(arch="h3", d_model=15), ["d_model 15", "even"]),
     (dict(arch="attention", d_conv=3), ["d_conv 3", "attention"]),
-    (dict(arch="based", d_conv=0), ["d_conv 0", "based", "width of 1 or more"]),
+    (dict(arch="based", d_conv=0), ["d_conv 0", "based", "by that conv alone"]),
     (dict(arch="hyena", long_conv=True), ["long_conv", "hyena"]),
     (dict(num_kv=63), ["even num_kv", "63"]), (dict(n_pairs=100, num_kv=64), ["n_pairs 100"]),
     (dict(n_train=16), ["n_train 16", "one batch"]),

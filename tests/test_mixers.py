@@ -89,7 +89,7 @@ CASES = {  # name -> (its sites, what forward returns, its factory, the one line
               "lambda cfg, i: Mixer(cfg.d_model)", "'leaky' (layer 0) is not causal: its output at"),
     "nan": ("{}", "y * float('nan')", "lambda cfg, i: Mixer(cfg.d_model)", "'nan' (layer 0) returns NaN"),
     "shrinks": ("{}", "y[..., :-1]", "lambda cfg, i: Mixer(cfg.d_model)", ", 15); a mixer keeps"),
-    "nomodule": ("{}", "y", "lambda cfg, i: 'a string'", "'nomodule': its factory returned a str"),
+    "nomodule": ("{}", "y", "lambda cfg, i: 'a string'", "'nomodule' (layer 0) fails: AttributeError: 'str' object has no attribute 'eval'"),
     "clash": ("{'block_input': 'proj'}", "y", "lambda cfg, i: Mixer(cfg.d_model)",
               "'clash' (layer 0) names a site block_input"),
 }
