@@ -4,8 +4,9 @@ undone, never leaves half a file, shows a finished run again without training (e
 model.pt), never overwrites a folder that is not the run's, and refuses what it cannot use in one
 line.
 
-Most tests run `python mech.py ...` in this process (mech.main); the two that need a real process
-(a hangup, a kill -9) wait for the line the run prints, never for a time."""
+Most tests run `python mech.py ...` in this process (mech.main); those that need a real process
+(a hangup, a kill -9, a stop while torch loads) wait for what the run prints or maps, never for
+a time."""
 import errno
 import json
 import os
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -696,3 +698,18 @@ def test_a_slow_start_is_said_within_half_a_minute_and_a_busy_machine_named_once
     assert "| the first evaluation at step 20" in first and "steps/s" in first
     busy = [line for line in stdout.splitlines() if "this busy machine" in line]
     assert busy == ([first] if threads == 2 else [])  # said once, where it can help
+
+
+def test_a_stop_while_torch_loads_exits_130_without_a_traceback(tmp_path):
+    """Ctrl-C in the first seconds, before the appendix installs its handlers."""
+    p = subprocess.Popen([sys.executable, "mech.py", *command(tmp_path / "run")], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while p.poll() is None and time.time() < deadline:  # until torch's library is mapped
+        with open(f"/proc/{p.pid}/maps") as f:
+            if "libtorch" in f.read():
+                break
+        time.sleep(0.005)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130 and "Traceback" not in err, err
