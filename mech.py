@@ -11,7 +11,7 @@ mamba-minimal, DeltaNet (2406.06484). Shapes: b batch, l length, d width, h head
     d_model, d         "Model dimension": the width of the residual stream
     pos_emb            PE / NoPE: learned absolute position embedding on or off
     pos["key"]         Key: the queried key in context (ATR: the queried word)
-    pos["value"]       Value: the value next to it (ATR: the word's parent), the answer
+    pos["value"]       Value: the value next to it (ATR: the word's parent or sibling)
     pos["query"]       Query: the repeated key, where the prediction is read
     d_conv             "Conv.": width of the short causal convolution (0 = none)
     d_state, d_inner   N: SSM state size per channel; E·d, Mamba's expanded width
@@ -47,11 +47,11 @@ from numpy.random import Generator  # noqa: E402
 import scan_ext  # noqa: E402
 
 PAD, BOS, EOS = 0, 1, 2  # the special tokens of both tasks
-L_MAX = 1024  # n_positions, the longest sequence; the implicit filters' and H3's time grid
+L_MAX = 1024  # n_positions, the longest sequence; the implicit filters' grid; H3's N
 
 
 # 1. The first task: Associative Recall (AR) ------------------------------------------------
-# A task is seen only through its Examples and two methods, sample and other_token (ATR: §7).
+# A task is seen only through its Examples, vocab_size, sample and other_token (ATR: §7).
 def rng_for(seed: int, stream: str) -> Generator:
     """A random stream per (seed, purpose): test documents never depend on training draws."""
     return np.random.default_rng([seed, zlib.crc32(stream.encode())])
@@ -198,8 +198,8 @@ def filter_time_grid():
 
 # 3. The seven sequence mixers, each (b, l, d) -> (b, l, d) ---------------------------------
 class Attention(nn.Module):
-    """Causal softmax attention per head (1 here), out_proj(softmax(q kᵀ/√d_h + M) v).
-    Official implementation: aryamanarora/zoology, zoology/mixers/attention.py (MHA).
+    """Causal softmax attention per head (one by default), out_proj(softmax(q kᵀ/√d_h + M)
+    v). Official implementation: aryamanarora/zoology, zoology/mixers/attention.py (MHA).
     Differences: a -inf mask for -10000 (equal in fp32)."""
 
     def __init__(self, d: int, n_head: int = 1):
@@ -267,11 +267,6 @@ class TaylorLinearAttention(nn.Module):
         return self.proj_o((A @ v) / (A.sum(-1, keepdim=True) + self.eps))
 
 
-def re_im(magnitude: torch.Tensor, angle: torch.Tensor) -> tuple:
-    """magnitude · e^(i angle) as its (real, imaginary) parts."""
-    return magnitude * torch.cos(angle), magnitude * torch.sin(angle)
-
-
 class H3(nn.Module):
     """H3 with d_state N = 1024 and head_dim p = 2 (H = d/p heads):
         k' = K_shift * k + D_k ⊙ k                 shift SSM: a learned causal filter
@@ -279,7 +274,7 @@ class H3(nn.Module):
         Y = K_diag,h * kv + D_h kv                 diagonal SSM (S4D), a kernel per head
         out[j H + h] = Σ_i q[h p + i] · Y[i, j, h]
     Official implementation: aryamanarora/zoology, zoology/mixers/h3/ (h3.py, ss_kernel_*.py;
-    "diag-lin" init). Differences: direct long convolutions, not FFTs (the same maths)."""
+    "diag-lin" init). Differences: long convolutions applied directly, not by FFT."""
 
     def __init__(self, d: int, d_state: int = L_MAX, head_dim: int = 2):
         super().__init__()
@@ -319,11 +314,9 @@ class H3(nn.Module):
         log_r, theta = dA.abs().log()[..., None], dA.angle()[..., None]     # (H, N/2, 1)
         small = torch.arange(s, device=dt.device)                           # i < s
         big = s * torch.arange(-(-l // s), device=dt.device)                # s j, j < l / s
-        small_re, small_im = re_im(torch.exp(small * log_r), small * theta)  # dA^i
-        big_re, big_im = re_im(torch.exp(big * log_r), big * theta)          # dA^(s j)
-        Cr, Ci = C.real[..., None], C.imag[..., None]
-        X_re, X_im = Cr * big_re - Ci * big_im, Cr * big_im + Ci * big_re   # C dA^(s j)
-        K = 2 * (X_re.transpose(1, 2) @ small_re - X_im.transpose(1, 2) @ small_im)
+        small_pow = torch.polar(torch.exp(small * log_r), small * theta)     # dA^i
+        X = C[..., None] * torch.polar(torch.exp(big * log_r), big * theta)  # C dA^(s j)
+        K = 2 * (X.transpose(1, 2) @ small_pow).real                        # 2 Re Σ_n
         return K.flatten(1)[:, :l]                                          # (H, l)
 
     def forward(self, u):
@@ -387,11 +380,6 @@ class Hyena(nn.Module):
         return self.out_proj(v * x2)
 
 
-def at_least_fp32(x):
-    """x in float32 at least (float64 stays), or None: the scan accumulates in fp32."""
-    return None if x is None else x.to(torch.promote_types(x.dtype, torch.float32))
-
-
 def selective_scan_ref(u, delta, A, B, C, D=None, z=None, delta_bias=None,
                        delta_softplus=False):
     """Mamba's selective scan, a loop over time in fp32 (or fp64), as mamba-ssm's
@@ -404,8 +392,9 @@ def selective_scan_ref(u, delta, A, B, C, D=None, z=None, delta_bias=None,
     hold, exp(Δ A), exact while u holds still between samples; B by a simplified Euler step,
     Δ B, as the official kernels (A matters more: ZOH's B changes little)."""
     dtype = u.dtype
-    u, delta, A, B, C, D, z, delta_bias = map(at_least_fp32,
-                                              (u, delta, A, B, C, D, z, delta_bias))
+    u, delta, A, B, C, D, z, delta_bias = (  # float32 at least (float64 stays), None stays
+        x if x is None else x.to(torch.promote_types(x.dtype, torch.float32))
+        for x in (u, delta, A, B, C, D, z, delta_bias))
     if delta_bias is not None:
         delta = delta + delta_bias[:, None]
     if delta_softplus:
@@ -497,8 +486,8 @@ def delta_rule(q, k, v, beta):
     """The delta rule S_t = S_{t-1} + β_t k_t (v_t - S_{t-1}ᵀ k_t)ᵀ, o_t = S_tᵀ q_t,
     S_0 = 0, in FLA's chunked (WY) form with one chunk: S_t = Σ_{s<=t} k_s u_sᵀ, where
         u_t = β_t (v_t - Σ_{s<t} (k_t·k_s) u_s),     o_t = Σ_{s<=t} (q_t·k_s) u_s,
-    (I + tril(β k kᵀ, -1)) U = β V solved exactly (a per-step loop, the tests' oracle, is
-    1.8-2.5x slower). q, k: (..., l, d_k), v: (..., l, d_v), beta: (..., l) -> like v."""
+    (I + tril(β k kᵀ, -1)) U = β V solved exactly, not step by step as the tests' oracle.
+    q, k: (..., l, d_k), v: (..., l, d_v), beta: (..., l) -> like v."""
     l = q.shape[-2]
     ones = torch.ones(l, l, dtype=torch.bool, device=q.device)
     lhs = (beta[..., None] * (k @ k.transpose(-2, -1))).masked_fill(~ones.tril(-1), 0)
@@ -553,15 +542,12 @@ class Block(nn.Module):
         self.mlp = None if self.mamba else MLP(d)
 
     def forward(self, x):
-        x = x + self.mixer(self.norm1(x))      # sequence mixing
-        if self.mlp is None:
-            return x
-        return x + self.mlp(self.norm2(x))     # per-position MLP
+        x = x + self.mixer(self.norm1(x))                                # sequence mixing
+        return x if self.mlp is None else x + self.mlp(self.norm2(x))   # per-position MLP
 
 
 # A block's sites, the activations section 6 reads and patches: site -> (the module in the
-# block, hooked on its input "in" or its output "out"). A mixer may add its own, a dict
-# `sites` {site: its submodule whose output is patched}: Mamba's {"conv_output": "conv_out"}.
+# block, hooked on its input "in" or its output "out"); a mixer may add its own (Mamba's).
 SITES = {
     "block_input": ("", "in"), "block_output": ("", "out"),  # the residual stream
     "mixer_input": ("mixer", "in"), "mixer_output": ("mixer", "out"),  # before the add
@@ -569,24 +555,19 @@ SITES = {
 
 
 def base_conv_layer(cfg, i: int) -> BaseConv:
-    """zoology's BaseConv model alternates a short conv (k = 3) and a long one by layer."""
+    """zoology's BaseConv model alternates a short conv (width d_conv) and a long one by layer
+    (--long-conv: long ones only)."""
     long = cfg.long_conv or i % 2 == 1
     return BaseConv(cfg.d_model, None if long else cfg.d_conv)
 
 
-def based_layer(cfg, i: int) -> nn.Module:
-    """zoology's Based hybrid: BaseConv (short conv), Taylor linear attention, alternately."""
-    if i % 2 == 1:
-        return TaylorLinearAttention(cfg.d_model)
-    return BaseConv(cfg.d_model, None if cfg.long_conv else cfg.d_conv)
-
-
 # The registry of architectures: name -> (cfg, layer) -> a mixer (b, l, d) -> (b, l, d), where
-# cfg is the run's Config (below).
+# cfg is the run's Config (below). zoology's Based: BaseConv, Taylor attention, alternately.
 MIXERS = {
     "attention": lambda cfg, i: Attention(cfg.d_model, cfg.n_head),
     "base_conv": base_conv_layer,
-    "based": based_layer,
+    "based": lambda cfg, i: (TaylorLinearAttention(cfg.d_model) if i % 2
+                             else base_conv_layer(cfg, i)),
     "h3": lambda cfg, i: H3(cfg.d_model),
     "hyena": lambda cfg, i: Hyena(cfg.d_model, d_skip=cfg.hyena_d_skip),
     "mamba": lambda cfg, i: Mamba(cfg.d_model, d_conv=cfg.d_conv, scan=cfg.scan),
@@ -718,7 +699,7 @@ class Config:
                 out.update(warmup_frac=0.5)
             if (task, arch) == ("ar", "mamba"):  # else it memorises the fixed set
                 out.update(steps=20_000, lr=3e-3, fresh_data=True)
-            if (task, arch, self.pos_emb) == ("ar", "based", True):  # the same
+            if (task, arch, self.pos_emb) == ("ar", "based", True):  # else it memorises too
                 out.update(lr=3e-4)
         if self.preset == "class":
             slow = (task, arch) in (("ar", "attention"), ("atr", "mamba"))
@@ -847,9 +828,9 @@ def build_model(cfg: Config, vocab_size: int) -> LanguageModel:
 
 @torch.no_grad()
 def check_mixers(model: LanguageModel, arch: str, length: int) -> None:
-    """Try each layer's mixer as the run uses it, in eval mode on `length` random tokens, and
-    refuse in one line one that mixer_problem finds wrong. train() asks before training and
-    at each evaluation, for a mixer may learn to look ahead."""
+    """Try each layer's mixer as the run uses it, in eval mode on `length` random inputs, and
+    refuse in one line one that mixer_problem (below) finds wrong. train() (section 5) asks
+    before training and at each evaluation, for a mixer may learn to look ahead."""
     g = torch.Generator().manual_seed(0)  # the probe's own random inputs
     x = torch.randn(1, length, model.tok_emb.embedding_dim, generator=g)    # (1, l, d)
     for layer, mixer in enumerate(block.mixer for block in model.blocks):
@@ -965,10 +946,9 @@ def training_batches(cfg: Config, task, device) -> tuple:
 
 
 def engine(model: LanguageModel, device) -> dict:
-    """What decides a run's numbers besides its Config, kept in metrics.json and checked on a
-    resume: the device and its CPU's vector width, by which torch rounds; the thread count,
-    each summing in its own order; torch; and Mamba's scan: the kernel (its build key), the
-    loop (None) or none ("")."""
+    """What decides a run's numbers besides its Config (metrics.json keeps it, a resume checks
+    it): device, CPU vector width and torch (how it rounds), threads (the order it sums), and
+    Mamba's scan: the kernel's build key, the loop (None) or no scan ("")."""
     mambas = [m for m in model.modules() if isinstance(m, Mamba)]
     scan = None if mambas else ""
     if mambas and mambas[0].scan != "ref":
@@ -1095,7 +1075,8 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
     dev_docs = None  # --held-out: the test documents ask held-out pairs only, dev ones others
     if cfg.held_out:
         dev_docs = task.sample(cfg.n_eval, rng_for(cfg.seed, "dev"), split="dev").to(device)
-    length = max(longest, test.ids.shape[1])  # the longest input a mixer meets
+    length = max(longest, test.ids.shape[1])  # the longest training or test document (fresh
+    # documents' lengths are not known ahead: there, the test documents')
     model = build_model(cfg, task.vocab_size).to(device)
     now = engine(model, device)  # before the probe, which may build Mamba's scan
     check_mixers(model, cfg.arch, length)
@@ -1132,7 +1113,7 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
         f"{now['threads']} thread(s)")
     start, t0, cpu0, told = step, time.time(), time.process_time(), False
 
-    def busy() -> str:  # on a machine that gave the run less than a core: a hint, once
+    def busy() -> str:  # where the machine gave the run < 80 % of a core: a hint, once
         seconds, cpu = time.time() - t0, time.process_time() - cpu0
         if now["threads"] == 1 or cpu >= 0.8 * seconds:
             return ""
@@ -1187,7 +1168,7 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
             refused = f"{e} by step {done:,}: the run is refused, its results unreported"
             save_checkpoint(done, refused)
             raise RunError(refused) from None
-        rate = (done - start) / (time.time() - t0)  # PAPER_FILTER: section 6, ahead
+        rate = (done - start) / (time.time() - t0)  # progress_line: below; PAPER_FILTER: §6
         log(progress_line(point, cfg.total_steps, rate, PAPER_FILTER[cfg.task])
             + ("" if told else busy()))
         told = True
@@ -1234,7 +1215,7 @@ POSITIONS = ("key", "value", "value+1", "value+2", "divider", "query")  # Value+
 # Below this Key effect (mean p_clean - mean p_corrupted) the paper leaves a run out of its
 # mechanism plots: its Attribs would be ratios of noise.
 PAPER_FILTER = {"ar": 0.01, "atr": 0.1}
-# The verdict in words asks more on both tasks: AR's 0.01 is about 3 documents in 320.
+# The verdict in words (verdict, below) asks more on AR: 0.01 is about 3 documents in 320.
 VERDICT_MIN_EFFECT = 0.1
 # The named position restores at least 0.6 and the others at most 0.4: 1.5 times any other.
 VERDICT_DOMINANT = 0.6
@@ -1333,9 +1314,7 @@ def interchange(model: LanguageModel, task, data: Examples, corrupted: str = "ke
     out = []
     for (site, layer, position), ps in patch.items():
         m = mask[position]
-        p_clean = clean[m].mean().item()
-        p_corr = corr[m].mean().item()
-        p_patch = torch.cat(ps)[m].mean().item()
+        p_clean, p_corr, p_patch = (x[m].mean().item() for x in (clean, corr, torch.cat(ps)))
         effect = p_clean - p_corr or math.nan  # no effect (or no document): undefined
         out.append(dict(corrupted=corrupted, site=site, layer=layer, position=position,
                         n=int(m.sum()), p_clean=p_clean, p_corr=p_corr, p_patch=p_patch,
@@ -1346,9 +1325,7 @@ def interchange(model: LanguageModel, task, data: Examples, corrupted: str = "ke
 def verdict_site(n_layer: int) -> tuple:
     """(site, layer) the verdict reads: the last layer's input; with one layer, whose input is
     the embedding (patching the Key there undoes the corruption), its mixer's output."""
-    if n_layer == 1:
-        return ("mixer_output", 0)
-    return ("block_input", n_layer - 1)
+    return ("mixer_output", 0) if n_layer == 1 else ("block_input", n_layer - 1)
 
 
 def verdict_attribs(rows: list, n_layer: int, layer: int | None = None) -> dict:
@@ -1374,17 +1351,23 @@ def dominant(a: dict) -> str | None:
     return None
 
 
+def verdict_layer(rows: list, n_layer: int) -> int | None:
+    """The layer whose input the verdict reads: the first past layer 0 (whose input, the
+    embedding, holds the Key by construction) that no longer holds the Key; None: the last."""
+    return next((i for i in range(1, n_layer)
+                 if verdict_attribs(rows, n_layer, i)["key"] < VERDICT_DOMINANT), None)
+
+
 def verdict(rows: list, n_layer: int) -> str:
-    """The mechanism in words, from Attrib at the first layer whose input no longer holds the
-    Key (in deeper models the last layer's input shows @Query 1.00 for induction too)."""
+    """The mechanism in words, from Attrib at verdict_layer's input (in deeper models the last
+    layer's input shows @Query 1.00 for induction too)."""
     effect = key_effect(rows)
     if math.isnan(effect):
         return "no verdict: p(answer) is NaN"
     if effect < VERDICT_MIN_EFFECT:
         return (f"not learned: corrupting the Key moves p(answer) by only {effect:.3f} "
                 f"(< {VERDICT_MIN_EFFECT}), too little to attribute")
-    layer = next((i for i in range(1, n_layer)
-                  if verdict_attribs(rows, n_layer, i)["key"] < VERDICT_DOMINANT), None)
+    layer = verdict_layer(rows, n_layer)
     a = verdict_attribs(rows, n_layer, layer)
     if n_layer == 1:
         where = "by the one layer's mixer"
@@ -1412,8 +1395,10 @@ def mechanism_report(rows: list, n_layer: int) -> str:
     table = {}  # (site, layer) -> {position: Attrib}
     for r in key_rows:
         table.setdefault((r["site"], r["layer"]), {})[r["position"]] = r["attrib"]
+    layer = verdict_layer(rows, n_layer) if n_layer > 1 else None
+    read = verdict_site(n_layer) if layer is None else ("block_input", layer)
     for (site, layer), cells in table.items():
-        mark = " <- verdict" if (site, layer) == verdict_site(n_layer) else ""
+        mark = " <- verdict" if (site, layer) == read else ""
         lines.append(f"{site + f'[{layer}]':16s}"
                      + "".join(f"{cells[position]:10.3f}" for position in POSITIONS) + mark)
     lines.append("p(answer): clean {p_clean:.3f}, Key corrupted {p_corr:.3f}".format(
@@ -1494,8 +1479,9 @@ class ATR:
     of its label (an unambiguous Key); query="sibling" asks its rightmost sibling (App. D.4).
     held_out > 0 holds out that share of (parent, query) label pairs: only "test" asks them.
     Official implementation: aryamanarora/tinylang, tinylang/language/pcfg.py (class PCFG);
-    multihop/multihop_no_parent.yaml (sibling). Differences: none (the same legacy-numpy calls
-    for the grammar; a legacy stream gives the official documents: tests/test_atr.py)."""
+    multihop/multihop_no_parent.yaml (sibling). Differences: the grammar's legacy-numpy calls
+    are the official ones, the documents' are a numpy Generator's (the same distribution:
+    tests/test_atr.py draws them the official way and compares)."""
 
     def __init__(self, n_terminals: int = 20, max_rhs_len: int = 5, n_nonterminals: int = 40,
                  max_rules: int = 5, max_depth: int = 10, terminal_occurrence_factor=None,
@@ -1749,22 +1735,14 @@ def default_out(cfg: Config) -> str:
                                 f"_{digest}")
 
 
-def start_over(out: str, cfg: Config) -> None:
-    """--force: where config.json is a run's (else: one line), delete that run's files and
-    make the folder this run's (config.json last: a stop half way leaves a run's folder)."""
-    if stored_identity(out) is None:
-        return
-    for name in RUN_FILES[1:]:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(out, name))
-    save(os.path.join(out, "config.json"), stored(cfg))
-
-
 def run(cfg: Config, args) -> dict:
     """Train the run of `cfg` (or resume it, or show it if finished), then analyse it."""
     out = args.out or default_out(cfg)
-    if args.force:
-        start_over(out, cfg)
+    if args.force and stored_identity(out) is not None:  # only a run's folder: its files go,
+        for name in RUN_FILES[1:]:  # then config.json is this run's (a stop half way leaves
+            with contextlib.suppress(FileNotFoundError):  # a run's folder)
+                os.unlink(os.path.join(out, name))
+        save(os.path.join(out, "config.json"), stored(cfg))
     device = choose_device(args.device)
     model, metrics = train(cfg, out, device, log=say, dynamics=args.dynamics)
     path = os.path.join(out, "metrics.json")
