@@ -1,7 +1,7 @@
 """Hybrids (figures/mixers/hybrids.py): each layer a pure model's mixer in its own block and
 init, each layer probed for causality, and the per-layer interventions the report reads; the
-lab's reading of them (figures/collect.py): a verdict that names the layer, the table beside
-their pure models."""
+lab's reading of them (figures/collect.py, drawing.py): a verdict that names the layer, the table
+beside their pure models, the figure."""
 import json
 import os
 from hashlib import sha1
@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 import mech
-from figures import collect
+from figures import collect, drawing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FILES = [os.path.join(ROOT, "figures", "mixers", f) for f in ("gated_deltanet.py", "hybrids.py")]
@@ -214,3 +214,10 @@ def test_the_hybrids_table_is_recounted_from_the_runs(runs):
     assert "Beyond the paper: hybrids" in collect.generated_tables(str(runs), cpu)
     assert collect.hybrids_table(str(runs / "none"), cpu) == ""  # no hybrid run: no table
 
+
+def test_the_hybrids_figure_draws_each_hybrid_and_task(runs, tmp_path):
+    groups = collect.hybrid_groups(str(runs), [])
+    assert [(name, task, len(rs)) for name, task, rs in groups] == [
+        ("gdn_attention", "ar", 2), ("gdn_attention", "ar", 1)]  # no attention run: no row
+    assert drawing.hybrids(groups, str(tmp_path)) == [str(tmp_path / "hybrids.png")]
+    assert drawing.hybrids(groups[1:], str(tmp_path / "none")) == []  # pure models alone
