@@ -3,6 +3,7 @@ summary.md (a row per configuration, its seeds averaged) and its table of the ru
 they trained, which runs the paper's main results are, and the report's numbers and verdicts
 recounted from the committed runs (numbers.md). figures/experiments.py is the command line
 (--collect, --numbers)."""
+import ast
 import collections
 import dataclasses
 import functools
@@ -81,6 +82,8 @@ def analysis(interventions: dict, n_layer: int) -> dict:
                 effects={p: r["p_clean"] - r["p_corr"] for p, r in main.items()},
                 # deeper models: the second layer's input too, where a 2-layer model's last reads
                 attrib_second=mech.verdict_attribs(rows, n_layer, 1) if n_layer > 2 else None,
+                # every layer's input (the hybrids: which layer brings the answer to the Query)
+                inputs=[mech.verdict_attribs(rows, n_layer, l) for l in range(n_layer)],
                 effect=mech.key_effect(rows),  # over all documents
                 conv={p: r["attrib"] for p, r in conv.items()},
                 # every layer's conv at Value+1 (today's mixers: the last layer's may carry it)
@@ -517,10 +520,11 @@ def mean_sd(values) -> str:
     return f"{np.mean(values):.3f} ± {np.std(values, ddof=1):.3f}"
 
 
-def passing_means(runs: list) -> dict:
-    """Key / Value / Query means over the runs past the filter at each cell (attrib_cell's)."""
+def passing_means(runs: list, positions=POSITIONS3) -> dict:
+    """Key / Value / Query (or positions) means over the runs past the filter at each cell
+    (attrib_cell's)."""
     means = {}
-    for p in POSITIONS3:
+    for p in positions:
         act = [r["attrib"][p] for r in runs if reacts_at(r, p)]
         means[p] = float(np.mean(act)) if act else float("nan")
     return means
@@ -992,12 +996,157 @@ def lr_table(runs_root: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ── beyond the paper: hybrids (figures/mixers/hybrids.py), beside their pure models ──────────
+
+HYBRIDS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mixers", "hybrids.py")
+HYBRID_TASKS = ("ar", "atr easy")
+
+
+@functools.cache
+def hybrid_patterns() -> dict:
+    """HYBRIDS of figures/mixers/hybrids.py ({name: the arch of each layer}), read from its source:
+    running the file would register its mixers in mech.MIXERS, which collecting leaves alone."""
+    with open(HYBRIDS_FILE) as f:
+        tree = ast.parse(f.read())
+    value = next(node.value for node in tree.body if isinstance(node, ast.Assign)
+                 and [getattr(t, "id", None) for t in node.targets] == ["HYBRIDS"])
+    return eval(compile(ast.Expression(value), HYBRIDS_FILE, "eval"), {"__builtins__": {}})
+
+
+def layer_archs(r: dict) -> tuple:
+    """The arch of each layer of a run: a hybrid's pattern, repeated as its factory repeats it
+    over more layers, or the run's one arch in every layer."""
+    pattern = hybrid_patterns().get(r["arch"], (r["arch"],))
+    return tuple(pattern[layer % len(pattern)] for layer in range(r["n_layer"]))
+
+
+def layer_verdict(r: dict) -> tuple:
+    """(mechanism, reading) of a run of 2 layers or more, naming the layer that forms the answer
+    and how, from the Attribs at every layer's input (block_input[l], Key corrupted) and
+    mech.py's thresholds:
+    - the Key's effect (mech.key_effect) below mech.VERDICT_MIN_EFFECT: "not learned";
+    - the answer reaches the Query at the first input l >= 1 where @Query >= mech.VERDICT_DOMINANT:
+      layer r = l - 1 forms it (no such input: r = the last layer);
+    - r = 0, whose input is the embedding: "retrieval at the Query in the <arch> layer (layer 0)",
+      its @Query read at layer 1's input;
+    - r >= 1, read at its input block_input[r] (mech.dominant): @Value dominant, "induction in the
+      <arch> layer (layer r)" (earlier layers stored the key at the Value, layer r matches the
+      Query against it); @Key, "the <arch> layer (layer r) reads the Key itself"; else "mixed at
+      layer r (<arch>)", with K/V/Q. (@Query cannot dominate there: r's input would be l's.)
+    In a 2-layer model of one arch these are mech.verdict's induction, direct retrieval at the
+    Query and late retrieval at the Key."""
+    if r["effect"] < mech.VERDICT_MIN_EFFECT:
+        return "not learned", f"Key effect {r['effect']:.3f}"
+    archs, inputs = layer_archs(r), r["inputs"]
+    reached = next((l for l in range(1, len(inputs))
+                    if inputs[l]["query"] >= mech.VERDICT_DOMINANT), len(inputs))
+    layer = reached - 1
+    if layer == 0:
+        return (f"retrieval at the Query in the {archs[0]} layer (layer 0)",
+                f"@Query {inputs[1]['query']:.2f} (at layer 1's input)")
+    a = inputs[layer]
+    top = mech.dominant(a)
+    if top == "value":
+        return f"induction in the {archs[layer]} layer (layer {layer})", f"@Value {a['value']:.2f}"
+    if top == "key":
+        return (f"the {archs[layer]} layer (layer {layer}) reads the Key itself",
+                f"@Key {a['key']:.2f}")
+    return f"mixed at layer {layer} ({archs[layer]})", f"K/V/Q {attribs_text(a)}"
+
+
+def layer_conv_cell(r: dict) -> str:
+    """conv_top_cell, and the arch of the layer whose conv it is: "[0] @Value+1 0.99 (mamba)";
+    "-" where the run has no conv or its answer does not react to the Key (reacts: its Attribs
+    would be ratios of noise)."""
+    if r["conv_top"] is None or not reacts(r):
+        return "-"
+    return f"{conv_top_cell(r)} ({layer_archs(r)[r['conv_top'][0]]})"
+
+
+def by_configuration(runs: list) -> list:
+    """Runs grouped as the summary table groups them (differing only in their seed), each group in
+    seed order."""
+    groups = {}
+    for r in sorted(runs, key=lambda r: r["seed"]):
+        groups.setdefault(config_key(r), []).append(r)
+    return list(groups.values())
+
+
+def data_regime(r: dict) -> str:
+    return "fresh documents" if r.get("fresh_data") else "fixed set"
+
+
+def pure_runs(records: list, arch: str, hybrid: list) -> list:
+    """A pure model's runs beside a hybrid's on one task (hybrid: those runs): of 2 layers, at the
+    hybrid's width and with its short conv (attention has none), the paper's PE choice and main
+    question, and of the hybrid's data regime (fresh documents or the fixed set) if any are, else
+    all of them (each configuration a row of its own)."""
+    task = task_label(hybrid[0])
+    runs = [r for r in records if r["arch"] == arch and task_label(r) == task
+            and r["n_layer"] == 2 and main_variant(r) and not r["long_conv"]
+            and r["d_model"] in {h["d_model"] for h in hybrid}
+            and r["d_conv"] in {h["d_conv"] for h in hybrid} | {None}]
+    regime = set(map(data_regime, hybrid))
+    return [r for r in runs if data_regime(r) in regime] or runs
+
+
+def hybrid_groups(runs_root: str, cpu: list) -> list:
+    """[(hybrid, task, runs)]: per hybrid (HYBRIDS' order) and task (AR, ATR easy) that has runs
+    under runs_root/hybrids, a group per configuration of them, then of each of its pure models
+    (pure_runs: the paper's seven from the CPU preset's runs, cpu; today's mixers from
+    runs_root/mixers); pure models with no run are left out."""
+    hybrids = collect(os.path.join(runs_root, "hybrids"), lambda m: None)
+    mixers = collect(os.path.join(runs_root, "mixers"), lambda m: None)
+    groups = []
+    for name, pattern in hybrid_patterns().items():
+        for task in HYBRID_TASKS:
+            mine = [r for r in hybrids if r["arch"] == name and task_label(r) == task]
+            if not mine:
+                continue
+            pure = [pure_runs(cpu if arch in ARCHS else mixers, arch, mine)
+                    for arch in dict.fromkeys(pattern)]
+            groups += [(name, task, rs) for runs in [mine] + pure
+                       for rs in by_configuration(runs)]
+    return groups
+
+
+def input_means(runs: list, layer: int, positions=POSITIONS3) -> dict:
+    """passing_means at layer's input (block_input[layer])."""
+    return passing_means([r | {"attrib": r["inputs"][layer]} for r in runs], positions)
+
+
+def hybrids_table(runs_root: str, cpu: list) -> str:
+    """The report's table of the hybrids beside their pure models (hybrid_groups): per model,
+    task and configuration its data (fresh documents or the fixed set), learning rate and steps,
+    the seeds' accuracy and Key effect, Key / Value / Query at every layer's input but the
+    embedding (means past the filter), each seed's conv cell that restores most (and its layer's
+    arch), and the seeds' verdicts (layer_verdict's mechanism) counted; "" with no hybrid run."""
+    lines = ["| hybrid | task | model | layers | data | lr | steps | seeds | accuracy | Key effect "
+             "| Attrib K / V / Q at block_input[l] | the conv's largest cell (each seed) "
+             "| verdicts |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, task, runs in hybrid_groups(runs_root, cpu):
+        first = runs[0]
+        layers = [(layer, input_means(runs, layer)) for layer in range(1, first["n_layer"])]
+        attribs = "; ".join(f"[{layer}] {attribs_text(m)}" for layer, m in layers
+                            if not all(np.isnan(list(m.values())))) or "-"
+        steps = f"{first['steps']:,}" if first.get("steps") else f"{first['epochs']} epochs"
+        seeds = ", ".join(str(r["seed"]) for r in runs)
+        effects = ", ".join(f"{r['effect']:.3f}" for r in runs)
+        lines.append(f"| {name} | {task} | {first['arch']} | {first['n_layer']} "
+                     f"| {data_regime(first)} | {first['lr']:g} | {steps} | {seeds} "
+                     f"| {mean_sd(r['accuracy'] for r in runs)} | {effects} | {attribs} "
+                     f"| {'; '.join(map(layer_conv_cell, runs))} "
+                     f"| {counted([layer_verdict(r)[0] for r in runs])} |")
+    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
+
+
 def generated_tables(runs_root: str, cpu: list) -> dict:
     """{title: markdown} of the report's generated tables, in numbers.md's order."""
     return {"Every run of the paper's protocol": protocol_table(runs_root),
             "C3 for Hyena where the paper's Hyena learns AR": hyena_table(runs_root, cpu),
             "Beyond the paper: today's mixers": today_table(runs_root, cpu),
-            "Today's mixers at other learning rates": lr_table(runs_root)}
+            "Today's mixers at other learning rates": lr_table(runs_root),
+            "Beyond the paper: hybrids": hybrids_table(runs_root, cpu)}
 
 
 def numbers_md(items: list, tables: dict) -> str:

@@ -20,11 +20,13 @@ from matplotlib.lines import Line2D  # noqa: E402
 
 import mech  # noqa: E402
 from figures import plots  # noqa: E402
-from figures.collect import (CONV, MIN_EFFECT, all_documents, archs_of, atr_model,  # noqa: E402
-                             atr_query, best_runs, config_key, configuration, conv_variant,
-                             copy_next_token, final_position, followed, main_ar, main_atr, main_question,
-                             main_variant, moments_of, of_arch, one_protocol, one_width,
-                             pe_variant, reacts, task_label, TODAY, watched_runs)
+from figures.collect import (CONV, HYBRID_TASKS, MIN_EFFECT, all_documents,  # noqa: E402
+                             archs_of, atr_model, atr_query, best_runs, config_key, configuration,
+                             conv_variant, copy_next_token, data_regime, final_position, followed,
+                             input_means, layer_archs, layer_conv_cell, layer_verdict, main_ar,
+                             main_atr, main_question, main_variant, moments_of, of_arch,
+                             one_protocol, one_width, pe_variant, reacts, task_label, TODAY,
+                             watched_runs)
 from figures.paper import PAPER  # noqa: E402
 from figures.sweeps import ARCHS, LR5, LR7, WIDTHS  # noqa: E402
 
@@ -1091,6 +1093,65 @@ def seven_paper(task: str, arch: str, runs: list) -> tuple:
     key = arch if task == "ar" else ("easy", arch)
     return (paper_accuracy(PAPER[f"{task}_accuracy"].get(key), runs),
             by_position(PAPER[f"{task}_mechanism"].get(key)))
+
+
+# ── beyond the paper: hybrids, layer by layer ──────────────────────────────────────────────
+
+def hybrids(groups: list, out_dir: str) -> list:
+    """The hybrids (collect.hybrid_groups; their pure models are the table's): per hybrid (a row
+    per configuration) and task (columns), a heat map of the Attrib (Key corrupted) at every
+    layer's input but the embedding (block_input[1..n-1]) by position, the mean over the seeds
+    past the filter, and each seed's verdict (collect.layer_verdict) and conv cell below it;
+    nothing without a hybrid run."""
+    panels = {}  # hybrid -> task -> its groups (configurations)
+    for name, task, runs in groups:
+        if runs[0]["arch"] == name:
+            panels.setdefault(name, {}).setdefault(task, []).append(runs)
+    if not panels:
+        return []
+    rows = [[(configurations[k:] or [None])[0] for configurations in
+             (panels[name].get(task, []) for task in HYBRID_TASKS)]
+            for name, tasks in panels.items() for k in range(max(map(len, tasks.values())))]
+    # each row as tall as its heat maps' layers and the seeds' verdict lines below them
+    heights = [1.4 + max(0.4 * (runs[0]["n_layer"] - 1) + 0.15 * len(runs)
+                         for runs in row if runs) for row in rows]
+    fig, axes = plt.subplots(len(rows), len(HYBRID_TASKS), squeeze=False,
+                             figsize=(15, sum(heights)), height_ratios=heights)
+    for row, row_axes in zip(rows, axes):
+        for task, runs, ax in zip(HYBRID_TASKS, row, row_axes):
+            if runs is None:
+                ax.set_axis_off()
+                continue
+            r = runs[0]
+            layers = range(1, r["n_layer"])
+            grid = np.array([[input_means(runs, layer, mech.POSITIONS)[p]
+                              for p in mech.POSITIONS] for layer in layers])
+            plots.heat_map(ax, grid, mech.POSITIONS,
+                           [f"block_input[{layer}]\n(into {layer_archs(r)[layer]})"
+                            for layer in layers])
+            if np.isnan(grid).all():
+                ax.text(0.5, 0.5, "no seed past the filter", ha="center",
+                        transform=ax.transAxes, color="grey")
+            ax.set_title(f"{r['arch']} on {'AR' if task == 'ar' else 'ATR easy'}: "
+                         f"{data_regime(r)}, lr {r['lr']:g}; {sum(map(reacts, runs))} of "
+                         f"{len(runs)} seeds past the filter", fontsize=8)
+            ax.set_xlabel("\n".join(f"seed {x['seed']}: {', '.join(layer_verdict(x))}; "
+                                     f"conv {layer_conv_cell(x)}" for x in runs), fontsize=7)
+    fig.suptitle("Beyond the paper: hybrids, where each layer leaves the answer (Attrib at every "
+                 "layer's input, Key corrupted)")
+    runs = [r for _, _, rs in groups for r in rs if r["arch"] in panels]
+    return save(fig, out_dir, "hybrids.png", [
+        "Cells: the mean over the seeds past the filter of the share of p(answer) restored by "
+        "patching the clean activation at that layer's input and position (block_input[l]: "
+        "layer l-1's output); block_input[0], the embedding, restores the Key alone by "
+        "construction and is left out.", filter_note(runs),
+        "Verdicts (collect.layer_verdict, mech.py's thresholds: Key effect >= "
+        f"{mech.VERDICT_MIN_EFFECT}, a dominant position >= {mech.VERDICT_DOMINANT}): the answer "
+        "reaches the Query at the first input l >= 1 where @Query is dominant, so layer l-1 "
+        "forms it (none: the last layer); layer 0 retrieves it at the Query, a later layer is "
+        "read at its own input (@Value: induction; @Key: it reads the Key itself; else mixed). "
+        "conv: the short conv cell that restores most, [layer] @position, and that layer's "
+        "arch. The pure models beside them: numbers.md's table."])
 
 
 FIGURES = (ar_accuracy, ar_mechanism, mamba_dconv, mamba_conv_restored, based_conv, ar_layers,

@@ -36,10 +36,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the reposi
 sys.path.insert(0, ROOT)
 import mech  # noqa: E402
 from figures.collect import (collect, dynamics_table, generated_tables,  # noqa: E402
-                             hyena_groups, numbers_md, refused_runs, report_numbers,
-                             summary_table, today_groups)
+                             hybrid_groups, hyena_groups, numbers_md, refused_runs,
+                             report_numbers, summary_table, today_groups)
 from figures import plots  # noqa: E402
-from figures.drawing import hyena_widths, plot_figures, today_mixers  # noqa: E402
+from figures.drawing import hybrids, hyena_widths, plot_figures, today_mixers  # noqa: E402
 from figures.sweeps import (SWEEPS, Stopped, run_command, run_config, run_sweep,  # noqa: E402
                             sweep_overrides, sweep_runs)
 
@@ -68,8 +68,9 @@ def build_parser() -> mech.Parser:
     p.add_argument("--numbers", metavar="DIR", help="recount the report's numbers and verdicts "
                    "from DIR/cpu_preset and DIR/paper_protocol into DIR/numbers.md (the committed "
                    "ones: --numbers figures/runs); with --figures-dir, also draw there the figure "
-                   "that sets the two protocols side by side (hyena_widths.png) and that of "
-                   "today's mixers in DIR/mixers (today_mixers.png)")
+                   "that sets the two protocols side by side (hyena_widths.png), that of "
+                   "today's mixers in DIR/mixers (today_mixers.png) and that of the hybrids in "
+                   "DIR/hybrids (hybrids.png, once they have runs)")
     p.add_argument("--figures-dir", help="where the figures go (default: DIR/figures of the "
                    "collected DIR; the committed ones: figures)")
     return p
@@ -132,9 +133,10 @@ def collect_and_draw(root: str, figures_dir: str, parser: mech.Parser) -> list:
 
 def write_numbers(root: str, parser: mech.Parser, figures_dir: str | None = None) -> None:
     """--numbers DIR: recount the report's numbers from DIR/cpu_preset and DIR/paper_protocol into
-    DIR/numbers.md (also printed), and with figures_dir draw hyena_widths.png and
-    today_mixers.png there; a DIR without both, or without runs, or with a damaged run (or under
-    cpu_preset a foreign one: collect.refused_runs) is refused in one line, nothing written."""
+    DIR/numbers.md (also printed), and with figures_dir draw hyena_widths.png, today_mixers.png
+    and hybrids.png (if DIR/hybrids holds runs) there; a DIR without both, or without runs, or
+    with a damaged run (or under cpu_preset a foreign one: collect.refused_runs) is refused in
+    one line, nothing written."""
     for sub in ("cpu_preset", "paper_protocol"):
         if not os.path.isdir(os.path.join(root, sub)):
             parser.error(f"--numbers {root}: no folder {os.path.join(root, sub)} (the committed "
@@ -153,10 +155,11 @@ def write_numbers(root: str, parser: mech.Parser, figures_dir: str | None = None
             warnings.simplefilter("ignore", RuntimeWarning)
             text = numbers_md(report_numbers(root, cpu), generated_tables(root, cpu))
         plots.write_file(os.path.join(root, "numbers.md"), text)
-        if figures_dir:  # C3's Hyena at the paper's widths (both protocols); today's mixers
+        if figures_dir:  # C3's Hyena at the paper's widths (both protocols); beyond the paper
             os.makedirs(figures_dir, exist_ok=True)
             hyena_widths(hyena_groups(root, cpu), figures_dir)
             today_mixers(cpu, today_groups(root, cpu), figures_dir)
+            hybrids(hybrid_groups(root, cpu), figures_dir)
     except (KeyError, ValueError, IndexError, ZeroDivisionError) as e:  # runs the report lacks
         parser.exit(1, f"{parser.prog}: error: --numbers {root}: the runs there are not the "
                     f"report's ({type(e).__name__}: {e})\n")

@@ -60,17 +60,22 @@ def mechanism(rows: list, positions: tuple, title: str, save) -> None:
         grid = np.full((len(layers), len(positions)), np.nan)
         for r in (r for r in rows if r["corrupted"] == "key" and r["site"] == site):
             grid[r["layer"], positions.index(r["position"])] = r["attrib"]
-        ax.imshow(grid, vmin=-0.2, vmax=1.2, cmap="viridis", aspect="auto")
-        for (y, x), v in np.ndenumerate(grid):
-            if not np.isnan(v):
-                ax.text(x, y, f"{v:.2f}", ha="center", va="center", fontsize=7,
-                        color="w" if v < 0.6 else "k")
+        heat_map(ax, grid, positions, [f"layer {l}" for l in layers])
         ax.set_title(site, fontsize=9)
-        ax.set_xticks(range(len(positions)), ["@" + p for p in positions], rotation=60, fontsize=7)
-        ax.set_yticks(range(len(layers)), [f"layer {l}" for l in layers], fontsize=7)
     fig.suptitle(title + "\nAttrib: share of p(answer) restored by patching the clean activation "
                  "(Key corrupted)", fontsize=9)
     finish(fig, save)
+
+
+def heat_map(ax, grid: np.ndarray, positions: tuple, rows: list) -> None:
+    """Attribs (rows x positions) in colour, each cell's value written (none where NaN)."""
+    ax.imshow(grid, vmin=-0.2, vmax=1.2, cmap="viridis", aspect="auto")
+    for (y, x), v in np.ndenumerate(grid):
+        if not np.isnan(v):
+            ax.text(x, y, f"{v:.2f}", ha="center", va="center", fontsize=7,
+                    color="w" if v < 0.6 else "k")
+    ax.set_xticks(range(len(positions)), ["@" + p for p in positions], rotation=60, fontsize=7)
+    ax.set_yticks(range(len(rows)), rows, fontsize=7)
 
 
 def dynamics(points: list, series: dict, when: dict, name: str | None, min_effect: float,

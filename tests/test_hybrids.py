@@ -1,5 +1,8 @@
 """Hybrids (figures/mixers/hybrids.py): each layer a pure model's mixer in its own block and
-init, each layer probed for causality, and the per-layer interventions the report reads."""
+init, each layer probed for causality, and the per-layer interventions the report reads; the
+lab's reading of them (figures/collect.py, drawing.py): a verdict that names the layer, the table
+beside their pure models, the figure."""
+import json
 import os
 from hashlib import sha1
 
@@ -8,6 +11,7 @@ import torch
 import torch.nn as nn
 
 import mech
+from figures import collect, drawing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FILES = [os.path.join(ROOT, "figures", "mixers", f) for f in ("gated_deltanet.py", "hybrids.py")]
@@ -89,3 +93,131 @@ def test_the_interventions_read_every_layers_input_and_each_linear_layers_conv(r
     rows = mech.interchange(model, task, data, "key")
     cells = {(r["site"], r["layer"], r["position"]) for r in rows}
     assert {("block_input", layer, "value") for layer in range(4)} <= cells
+
+
+# ── the lab's reading of hybrid runs: verdicts by layer, the table, the figure ───────────────
+
+def key_rows(inputs: list, effect: float = 0.5, conv: dict | None = None) -> list:
+    """Intervention rows (Key corrupted) with these Attribs at block_input[l] ({position:
+    Attrib} per layer, the others 0; layer 0's input is the embedding), and conv {(layer,
+    position): Attrib}."""
+    cells = {("block_input", 0, "key"): 1.0}
+    cells |= {("block_input", layer, p): a for layer, attribs in enumerate(inputs) if layer
+              for p, a in attribs.items()}
+    cells |= {("conv_output", layer, p): a for (layer, p), a in (conv or {}).items()}
+    sites = {(site, layer) for site, layer, _ in cells} | {("block_input", len(inputs) - 1)}
+    return [dict(corrupted="key", site=site, layer=layer, position=p, n=32, p_clean=0.1 + effect,
+                 p_corr=0.1, attrib=cells.get((site, layer, p), 0.0))
+            for site, layer in sorted(sites) for p in mech.POSITIONS]
+
+
+def record(arch: str, inputs: list, effect: float = 0.5, conv=None) -> dict:
+    return dict(arch=arch, task="ar", n_layer=len(inputs)) | collect.analysis(
+        {"rows": key_rows(inputs, effect, conv)}, len(inputs))
+
+
+@pytest.mark.parametrize("arch, inputs, effect, words", [
+    ("gdn_attention", [{}, dict(value=0.95, query=0.02)], 0.5,
+     ("induction in the attention layer (layer 1)", "@Value 0.95")),
+    ("mamba_attention", [{}, dict(query=0.98)], 0.5,
+     ("retrieval at the Query in the mamba layer (layer 0)", "@Query 0.98 (at layer 1's input)")),
+    ("attention_gdn", [{}, dict(key=0.9, query=0.1)], 0.5,
+     ("the gated_deltanet layer (layer 1) reads the Key itself", "@Key 0.90")),
+    ("attention_mamba", [{}, dict(key=0.5, value=0.45)], 0.5,
+     ("mixed at layer 1 (mamba)", "K/V/Q 0.50 / 0.45 / 0.00")),
+    ("attention_mamba", [{}, dict(query=1.0)], 0.05, ("not learned", "Key effect 0.050")),
+    # the answer reaches the Query at layer 3's input: layer 2 forms it, read at its own input
+    ("gdn3_attention", [{}, dict(key=1.0), dict(value=0.9), dict(query=0.97)], 0.5,
+     ("induction in the gated_deltanet layer (layer 2)", "@Value 0.90")),
+    ("gdn3_attention", [{}, dict(key=1.0), dict(key=0.7), dict(value=0.8)], 0.5,
+     ("induction in the attention layer (layer 3)", "@Value 0.80"))])
+def test_the_verdict_names_the_layer_and_the_mechanism(arch, inputs, effect, words):
+    assert collect.layer_verdict(record(arch, inputs, effect)) == words
+
+
+@pytest.mark.parametrize("attribs, theirs, ours", [
+    (dict(value=0.95), "induction", "induction in the mamba layer (layer 1)"),
+    (dict(query=0.98), "direct retrieval at the last position",
+     "retrieval at the Query in the mamba layer (layer 0)"),
+    (dict(key=0.9), "direct retrieval, late", "the mamba layer (layer 1) reads the Key itself")])
+def test_in_a_2_layer_model_of_one_arch_it_is_mech_pys_verdict(attribs, theirs, ours):
+    assert mech.verdict(key_rows([{}, attribs]), 2).startswith(theirs)
+    assert collect.layer_verdict(record("mamba", [{}, attribs]))[0] == ours
+
+
+def test_the_conv_cell_names_its_layers_arch_past_the_filter_only():
+    conv = {(1, "value+1"): 0.97, (0, "value"): 0.3}
+    assert collect.layer_conv_cell(record("attention_mamba", [{}, dict(query=1)], 0.5, conv)) \
+        == "[1] @Value+1 0.97 (mamba)"
+    assert collect.layer_conv_cell(record("attention_mamba", [{}, {}], 0.001, conv)) == "-"
+    assert collect.layer_conv_cell(record("attention_mamba", [{}, {}])) == "-"  # no conv
+    assert collect.hybrid_patterns() == PATTERNS  # read from figures/mixers/hybrids.py
+
+
+def write_run(root, sub: str, name: str, config: dict, inputs: list, effect: float,
+              accuracy: float, **fields) -> None:
+    """A run folder of config (with fields) and fake metrics: Attribs at every layer's input."""
+    folder = root / sub / name
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(config | fields))
+    rows = key_rows(inputs, effect)
+    (folder / "metrics.json").write_text(json.dumps(dict(
+        accuracy=accuracy, wall_time_s=1.0, interventions=dict(rows=rows, n_docs=32))))
+
+
+@pytest.fixture(scope="module")
+def runs(registry, tmp_path_factory):
+    """A tiny real run of gdn_attention on AR (fresh documents, lr 3e-3; it learns nothing in 20
+    steps) and fake ones: a second seed of it, and its pure models, some of which the table must
+    leave out."""
+    root = tmp_path_factory.mktemp("runs")
+    real = root / "hybrids" / "ar_gdn_attention_fresh_lr0.003_s42"
+    mech.main(["--mixer-file", FILES[0], "--mixer-file", FILES[1], "--arch", "gdn_attention",
+               "--task", "ar", "--d-model", "16", "--num-kv", "64", "--n-train", "64",
+               "--steps", "20", "--eval-every", "10", "--n-eval", "32", "--threads", "1",
+               "--fresh-data", "--lr", "3e-3", "--out", str(real)])
+    config = json.loads((real / "config.json").read_text())
+    induction = [{}, dict(value=0.9, query=0.05)]
+    write_run(root, "hybrids", "ar_gdn_attention_fresh_lr0.003_s43", config, induction, 0.5,
+              0.8, seed=43)
+    gdn = dict(config, arch="gated_deltanet")
+    for seed in (42, 43):  # the fixed set at 1e-3, and one seed on fresh documents: the table's
+        write_run(root, "mixers", f"ar_gdn_s{seed}", gdn, [{}, dict(key=0.8)], 0.4, 0.6,
+                  fresh_data=False, lr=1e-3, seed=seed)
+    write_run(root, "mixers", "ar_gdn_fresh_s42", gdn, [{}, dict(query=1.0)], 0.7, 0.9)
+    write_run(root, "mixers", "ar_gdn_dconv0_fresh_s42", gdn, [{}, {}], 0.0, 0.0, d_conv=0)
+    attention = dict(config, arch="attention", pos_emb=True, d_conv=None, fresh_data=False,
+                     lr=1e-3, steps=30)
+    for seed, value in ((42, 0.96), (43, 0.92), (44, 0.88)):  # none fresh: its fixed set
+        write_run(root, "cpu_preset", f"ar_attention_s{seed}", attention,
+                  [{}, dict(value=value)], 0.6, 0.9, seed=seed)
+    write_run(root, "cpu_preset", "ar_attention_l1_s42", attention, [{}], 0.6, 0.9, n_layer=1)
+    return root
+
+
+def test_the_hybrids_table_is_recounted_from_the_runs(runs):
+    cpu = collect.collect(str(runs / "cpu_preset"))
+    table = collect.hybrids_table(str(runs), cpu).splitlines()
+    real = collect.collect(str(runs / "hybrids"))[0]
+    assert real["seed"] == 42 and real["effect"] < mech.PAPER_FILTER["ar"]  # seed 43 alone passes
+    assert table[2:] == [
+        f"| gdn_attention | ar | gdn_attention | 2 | fresh documents | 0.003 | 20 | 42, 43 "
+        f"| {collect.mean_sd([real['accuracy'], 0.8])} | {real['effect']:.3f}, 0.500 "
+        f"| [1] 0.00 / 0.90 / 0.05 | -; - | not learned ×1, induction in the attention layer "
+        f"(layer 1) ×1 |",
+        "| gdn_attention | ar | gated_deltanet | 2 | fresh documents | 0.003 | 20 | 42 "
+        "| 0.900 (1 seed) | 0.700 | [1] 0.00 / 0.00 / 1.00 | - "
+        "| retrieval at the Query in the gated_deltanet layer (layer 0) ×1 |",
+        "| gdn_attention | ar | attention | 2 | fixed set | 0.001 | 30 | 42, 43, 44 "
+        "| 0.900 ± 0.000 | 0.600, 0.600, 0.600 | [1] 0.00 / 0.92 / 0.00 | -; -; - "
+        "| induction in the attention layer (layer 1) ×3 |"]
+    assert "Beyond the paper: hybrids" in collect.generated_tables(str(runs), cpu)
+    assert collect.hybrids_table(str(runs / "none"), cpu) == ""  # no hybrid run: no table
+
+
+def test_the_hybrids_figure_draws_each_hybrid_and_task(runs, tmp_path):
+    groups = collect.hybrid_groups(str(runs), [])
+    assert [(name, task, len(rs)) for name, task, rs in groups] == [
+        ("gdn_attention", "ar", 2), ("gdn_attention", "ar", 1)]  # no attention run: no row
+    assert drawing.hybrids(groups, str(tmp_path)) == [str(tmp_path / "hybrids.png")]
+    assert drawing.hybrids(groups[1:], str(tmp_path / "none")) == []  # pure models alone
