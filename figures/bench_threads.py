@@ -1,15 +1,15 @@
-"""Benchmark: thread counts and torch's OpenMP wait policy, on an idle and on a busy machine.
+"""Benchmark: thread counts and how torch's OpenMP threads wait, on an idle and a busy machine.
 
-    python figures/bench_threads.py                  # Mamba on AR, 300 steps, 3 repeats
-    python figures/bench_threads.py --arch attention --steps 1500 --busy 2 --repeats 5
+    python figures/bench_threads.py                  # Mamba on AR, 60 steps, 3 repeats
+    python figures/bench_threads.py --arch attention --steps 600 --busy 4 --repeats 5
 
-mech.py sets OMP_WAIT_POLICY=PASSIVE before torch loads (unless it is set already): torch's
-threads then sleep while they wait for work instead of spinning. This runs the same short
-training with torch's default thread count under that policy, under the spinning one
-(OMP_WAIT_POLICY=ACTIVE, torch's own default) and with --threads 1, each on the idle machine and
-beside `--busy` processes that each keep a core busy, interleaved (the machine's drift hits every
-setting), and prints the median steps/s of each and its ratio to --threads 1 under the same load.
-Not a test: pytest does not collect it.
+mech.py sets GOMP_SPINCOUNT=3000 before torch loads (unless it is set already): a waiting thread
+of libgomp (the OpenMP of torch's Linux builds) spins 3,000 times, not libgomp's default 300,000,
+before it sleeps. This runs the same short training with torch's default thread count under that
+setting, under libgomp's default (torch alone), under OMP_WAIT_POLICY=PASSIVE (sleep at once) and
+with --threads 1, each on the idle machine and beside `--busy` processes that each keep a core
+busy, interleaved (the machine's drift hits every setting), and prints the median steps/s of each
+and its ratio to --threads 1 under the same load. Not a test: pytest does not collect it.
 """
 import json
 import os
@@ -23,14 +23,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import mech  # noqa: E402  (its Parser: bad input in one line)
 
-SETTINGS = {  # name -> (mech.py flags, the environment's OMP_WAIT_POLICY)
-    "default, passive wait": ([], "PASSIVE"),
-    "default, spinning wait": ([], "ACTIVE"),
-    "--threads 1": (["--threads", "1"], "PASSIVE")}
+SETTINGS = {  # name -> (mech.py flags, the environment set for libgomp)
+    "default (mech.py)": ([], dict(GOMP_SPINCOUNT="3000")),
+    "default, torch alone": ([], dict(GOMP_SPINCOUNT="300000")),  # libgomp's own default
+    "default, passive": ([], dict(OMP_WAIT_POLICY="PASSIVE", GOMP_SPINCOUNT="0")),
+    "--threads 1": (["--threads", "1"], dict(GOMP_SPINCOUNT="3000"))}
 
 
-def steps_per_s(flags: list, policy: str, out: str) -> tuple:
-    env = dict(os.environ, OMP_WAIT_POLICY=policy)
+def steps_per_s(flags: list, policy: dict, out: str) -> tuple:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env.update(policy)
     subprocess.run([sys.executable, os.path.join(ROOT, "mech.py"), *flags, "--out", out,
                     "--no-interventions", "--no-dynamics", "--force"], check=True, env=env,
                    stdout=subprocess.DEVNULL)
@@ -42,7 +44,7 @@ def steps_per_s(flags: list, policy: str, out: str) -> tuple:
 def main(argv=None):
     p = mech.Parser(description=__doc__.splitlines()[0])
     p.add_argument("--arch", default="mamba")
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--steps", type=int, default=60)
     p.add_argument("--busy", type=int, default=2, help="other processes, each spinning on a core")
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)
