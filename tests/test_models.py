@@ -353,6 +353,17 @@ def test_selective_scan_keeps_input_dtype_and_rejects_unknown_backend():
         mech.selective_scan(u, u, A, B, B, backend="cuda")
 
 
+@pytest.mark.parametrize("backend", mech.SCAN_BACKENDS)
+@pytest.mark.parametrize("shape", [(2, 4), (1, 1, 4, 3), (1, 4, 2)])  # constant, grouped, short
+def test_selective_scan_refuses_the_b_and_c_forms_it_does_not_compute(backend, shape):
+    """mamba-ssm's constant (d, n) and grouped (b, g, n, l) B and C: one ValueError, either way."""
+    u, A, B = torch.randn(1, 2, 3), -torch.ones(2, 4), torch.randn(1, 4, 3)
+    for name, args in (("B", (torch.randn(shape), B)), ("C", (B, torch.randn(shape)))):
+        with pytest.raises(ValueError, match=f"{name} must be per token, \\(b, n, l\\) = "
+                                             r"\(1, 4, 3\), not"):
+            mech.selective_scan(u, u.abs(), A, *args, backend=backend)
+
+
 def test_mamba_mixer_uses_the_scan_as_specified():
     # the forward of mamba_ssm/modules/mamba_simple.py (Mamba.forward), written out with the naive scan
     torch.manual_seed(1)
