@@ -1261,11 +1261,6 @@ def patched(pos: torch.Tensor, values: torch.Tensor):
     return lambda act: act.index_put((torch.arange(len(act), device=act.device), pos), values)
 
 
-def recorded(cache: dict, key):
-    """An intervention that changes nothing and keeps the activation in cache[key]."""
-    return lambda act: cache.setdefault(key, act)
-
-
 def p_answer(model: LanguageModel, data: Examples, ids=None) -> torch.Tensor:
     """(n,) probability of the correct answer at the Query position."""
     logits = model(data.ids if ids is None else ids, at=data.pos["query"])
@@ -1298,7 +1293,8 @@ def interchange(model: LanguageModel, task, data: Examples, corrupted: str = "ke
         batch = data[i:i + batch_size].trim()
         bad_ids = corrupt(task, batch, corrupted, rng, value_corruption)
         cache, rows = {}, torch.arange(len(batch), device=batch.ids.device)
-        hooks = [intervene(model, site, layer, recorded(cache, (site, layer)))
+        hooks = [intervene(model, site, layer,  # changes nothing, keeps it in cache[at]
+                           lambda act, at=(site, layer): cache.setdefault(at, act))
                  for site, layer in dict.fromkeys((site, layer) for site, layer, _ in cells)]
         clean.append(p_answer(model, batch).double())  # records the clean activations
         for hook in hooks:
