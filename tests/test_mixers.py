@@ -189,3 +189,31 @@ def test_a_mixer_takes_dconv_and_names_a_site_of_its_own(monkeypatch):
         assert (("conv_output", 0) in mech.sites_in(model)) == has_site
     with pytest.raises(ValueError, match="'attention' is taken"):
         mech.register_mixer("attention", lambda cfg, i: nn.Identity())
+
+
+class Pair(nn.Module):
+    def forward(self, x):
+        return x, x
+
+
+class WithSites(nn.Module):  # a running mean, its sites as given
+    def __init__(self, d, sites):
+        super().__init__()
+        self.proj, self.pair, self.unused, self.sites = nn.Linear(d, d), Pair(), nn.Linear(d, d), sites
+
+    def forward(self, x):
+        self.pair(x)
+        return self.proj(x).cumsum(1) / torch.arange(1, x.shape[1] + 1)[:, None]
+
+
+@pytest.mark.parametrize("sites, needle", [
+    ({"mine": "nowhere"}, "(layer 0) fails: AttributeError"),
+    ({"mine": "pair"}, "(layer 0) has a site 'mine' whose output is no (b, l, ...) tensor"),
+    ({"mine": "unused"}, "(layer 0) has a site 'mine' whose output is no (b, l, ...) tensor")])
+def test_a_site_that_is_no_submodule_or_gives_no_tensor_is_refused_before_training(
+        sites, needle, registry, tmp_path, capsys, monkeypatch):
+    mech.register_mixer("sited", lambda cfg, i: WithSites(cfg.d_model, sites))
+    monkeypatch.setattr(mech, "lr_at", lambda *a: pytest.fail("it trained"))
+    code, _, err = cli(["--arch", "sited", *RUN, "--out", str(tmp_path / "run")], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
+    assert not (tmp_path / "run").exists()

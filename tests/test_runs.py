@@ -713,3 +713,20 @@ def test_a_stop_while_torch_loads_exits_130_without_a_traceback(tmp_path):
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=120)
     assert p.returncode == 130 and "Traceback" not in err, err
+
+
+def test_a_resume_where_the_scan_kernel_cannot_load_is_refused(tmp_path, monkeypatch, capsys):
+    """--scan auto took the kernel until the stop; the loop would sum otherwise: refused."""
+    import scan_ext
+    out, mamba = tmp_path / "run", dict(arch="mamba", steps=20)
+    stop_during_step(monkeypatch, 13)
+    assert cli(command(out, **mamba), capsys)[0] == 130
+    monkeypatch.undo()
+    assert torch.load(out / "checkpoint.pt")["engine"]["scan"] == scan_ext.build_key
+    monkeypatch.setattr(scan_ext, "_module", scan_ext.BuildError("no C++ compiler"))
+    monkeypatch.setattr(scan_ext, "_warned", True)
+    before = files(out)
+    code, _, err = cli(command(out, **mamba), capsys)
+    assert code == 1
+    one_line(err, f"with scan {scan_ext.build_key} (here: None)", "--force")
+    assert files(out) == before
