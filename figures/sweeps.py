@@ -3,6 +3,7 @@ line, and a sweep run in local processes that stop at a checkpoint when the swee
 figures/experiments.py is the command line (--sweep, --print-commands)."""
 import contextlib
 import dataclasses
+import fcntl
 import json
 import os
 import shlex
@@ -209,9 +210,9 @@ def say(*args) -> None:
 def run_sweep(runs: list, root: str, jobs: int, extra=(), log=say) -> list:
     """Run the runs that are not finished (see `finished`) in `jobs` local processes, splitting the
     CPU threads between them; each process writes its output to <run folder>.log beside it. Returns the
-    folders of the runs that failed. On Ctrl-C, SIGTERM or SIGHUP (then Stopped) or any error,
-    the runs still going are stopped at a checkpoint first, so that none outlives the sweep: a
-    sweep started again would otherwise run the same folders at the same time."""
+    folders of the runs that failed (or that another process runs). On Ctrl-C, SIGTERM or SIGHUP
+    (then Stopped) or any error, the runs still going are stopped first (each resumes from its
+    last checkpoint), so that none outlives the sweep."""
     todo = [(name, run) for name, run in runs
             if not finished(os.path.join(root, name), run_config(run, extra))]
     log(f"{len(runs) - len(todo)} of {len(runs)} runs already done; "
@@ -226,7 +227,12 @@ def run_sweep(runs: list, root: str, jobs: int, extra=(), log=say) -> list:
                 while todo and len(running) < jobs:
                     name, run = todo.pop(0)
                     out = os.path.join(root, name)
-                    running[start_run(run, out, extra, threads)] = out
+                    proc = start_run(run, out, extra, threads)
+                    if proc is None:  # another process runs it: two would chain checkpoints
+                        log(f"FAILED (running in another process, its {out}.log locked)")
+                        failed.append(out)
+                    else:
+                        running[proc] = out
                 time.sleep(0.1)
                 failed += ended_runs(running, log)
         except BaseException:
@@ -235,16 +241,21 @@ def run_sweep(runs: list, root: str, jobs: int, extra=(), log=say) -> list:
     return failed
 
 
-def start_run(run: dict, out: str, extra, threads: int) -> subprocess.Popen:
+def start_run(run: dict, out: str, extra, threads: int) -> subprocess.Popen | None:
     """Start a run's process, its output appended to out.log, beside the folder that mech.py
-    keeps for the run's own files. It gets a process group of its own: a Ctrl-C in the terminal
-    reaches the sweep only, which then stops every run the same way (stop_runs), each with the
-    processes it may have started."""
+    keeps for the run's own files; None where out.log is locked: another sweep runs it (the run
+    holds the lock on its log while it lives). It gets a process group of its own: a Ctrl-C in
+    the terminal reaches the sweep only, which then stops every run the same way (stop_runs),
+    each with the processes it may have started."""
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     cmd = run_command(run, out, sys.executable, os.path.abspath(mech.__file__), extra)
     if not any(a == "--threads" or a.startswith("--threads=") for a in extra):  # else: the user's
         cmd += ["--threads", str(threads)]
     with open(out + ".log", "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the child inherits it with the file
+        except BlockingIOError:
+            return None
         return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f,
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -264,8 +275,8 @@ def ended_runs(running: dict, log) -> list:
 
 
 def stop_runs(procs: list, grace_s: float = 30) -> None:
-    """Stop runs as mech.py stops on SIGTERM (it saves a checkpoint, exit code 130), killing those
-    still there after grace_s seconds."""
+    """Stop runs with SIGTERM (mech.py exits 130; the same command resumes from its last
+    evaluation's checkpoint), killing those still there after grace_s seconds."""
     for proc in procs:
         signal_group(proc, signal.SIGTERM)
     deadline = time.time() + grace_s

@@ -1,5 +1,6 @@
 import collections
 import dataclasses
+import fcntl
 import json
 import os
 import re
@@ -382,6 +383,19 @@ def test_a_stopped_sweep_stops_its_runs_at_a_checkpoint_and_resumes(tmp_path):
     for path in tmp_path.glob("*/metrics.json"):
         assert json.loads(path.read_text())["steps"] == 600
     assert len(list(tmp_path.glob("*/metrics.json"))) == 2
+
+
+def test_a_run_that_another_sweep_runs_is_not_started_again(tmp_path):
+    """Two sweeps on one folder would chain their checkpoints: the second finds the run's .log
+    locked (its process holds the lock while it lives) and reports it, starting nothing."""
+    name, run = sweeps.sweep_runs("atr-attention-nope", "cpu", 1)[0]
+    out = tmp_path / name
+    lines = []
+    with open(f"{out}.log", "a") as log:
+        fcntl.flock(log, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running sweep's run holds it
+        failed = sweeps.run_sweep([(name, run)], str(tmp_path), 1, ATR_TINY, log=lines.append)
+    assert failed == [str(out)] and not out.exists()
+    assert lines[-1] == f"FAILED (running in another process, its {out}.log locked)"
 
 
 # ── collecting: seeds of one configuration, never more ───────────────────────────────────────

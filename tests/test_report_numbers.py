@@ -2120,22 +2120,72 @@ def test_todays_mixers_table_reads_each_layers_conv(records):
             assert r["conv_value1"] == [cells.get(layer) for layer in range(r["n_layer"])]
 
 
-def test_todays_table_keeps_the_presets_learning_rate_and_the_others_have_their_own(records):
-    """Today's table and figure hold the runs at the CPU preset's learning rate; every run at
-    another is a cell of the learning-rate table, beside the preset's run of the same seed."""
-    groups = collect.today_groups(RUNS, records)
-    assert {r["lr"] for arch, *_, runs in groups if arch != "mamba" for r in runs} == {1e-3}
-    others = [r for r in collect.collect(os.path.join(RUNS, "mixers"), lambda m: None)
-              if r["lr"] != 1e-3]
-    assert others
-    table = collect.lr_table(RUNS)
-    for r in others:
-        row = next(row for row in table.splitlines() if row.startswith(
-            f"| {r['arch']} | {collect.task_label(r)} | {r['d_conv']} | {r['seed']} |"))
-        assert f"{r['lr']:g}: {r['accuracy']:.3f}, {collect.in_words(r)}" in row
-        assert "0.001: " in row  # the preset's own run of that seed
-    seeds = {(r["arch"], collect.task_label(r), r["d_conv"], r["seed"]) for r in others}
-    assert len(table.splitlines()) == 2 + len(seeds)  # and no other row
+def configs(folder: str) -> dict:
+    """{run folder: its config.json}, read here, not through collect."""
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name, "config.json")
+        if os.path.exists(os.path.join(folder, name, "metrics.json")):
+            with open(path) as f:
+                out[name] = json.load(f)
+    return out
+
+
+def regime_text(c: dict) -> str:
+    data = "fresh documents" if c["fresh_data"] else "fixed set"
+    return f"{data}, lr {c['lr']:g}, {c['steps']:,} steps"
+
+
+def test_todays_table_recounts_each_runs_regime_from_its_config(records):
+    """Every run of today's mixers is in the table (AR: fresh documents, 20,000 steps at Mamba's
+    3e-3, Gated DeltaNet at 1e-3; ATR easy: the fixed set, 15,000 steps at 1e-3) or else in the
+    other regimes' table, its cell naming its regime; each row's regime column is its seeds'."""
+    table = collect.today_table(RUNS, records).splitlines()[2:]
+    others = collect.lr_table(RUNS)
+    for name, c in configs(os.path.join(RUNS, "mixers")).items():
+        task = "ar" if c["task"] == "ar" else f"atr {c['atr']}"
+        lr = 1e-3 if (task, c["arch"]) == ("ar", "gated_deltanet") or task != "ar" else 3e-3
+        regime = ("fresh documents", 20_000) if task == "ar" else ("fixed set", 15_000)
+        cells = [row.split(" | ") for row in table
+                 if row.startswith(f"| {c['arch']} | {task} | {c['d_conv']} |")]
+        if (c["lr"], c["steps"]) == (lr, regime[1]) and c["fresh_data"] == (task == "ar"):
+            assert len(cells) == 1 and cells[0][3] == regime_text(c), name
+            assert str(c["seed"]) in cells[0][4].split(", "), name
+        else:
+            row = next(row for row in others.splitlines() if row.startswith(
+                f"| {c['arch']} | {task} | {c['d_conv']} | {c['seed']} |"))
+            assert f"{regime_text(c)}: " in row, name
+    for row in table:  # Mamba's rows: the CPU preset's
+        cells = row.split(" | ")
+        if cells[0] == "| mamba":
+            folders = [f"{'ar' if cells[1] == 'ar' else 'atr_easy'}_mamba_dconv{cells[2]}_s{s}"
+                       for s in cells[4].split(", ")]
+            cpu = configs(os.path.join(RUNS, "cpu_preset"))
+            assert {regime_text(cpu[f]) for f in folders} == {cells[3]}, row
+
+
+def unnamed_differences(table: str, words: str) -> list:
+    """The rows of today's table whose regime is not their Mamba row's, and which no sentence of
+    words names: the model's name with the row's regime (as the table writes it)."""
+    names = {"mamba2": "Mamba-2", "gated_deltanet": "Gated DeltaNet", "kda": "KDA"}
+    sentences = one_line(words).split(". ")
+    return [row for row in table.splitlines()[2:] if not row.endswith("| the same |")
+            and not any(names[row.split(" | ")[0][2:]] in s and row.split(" | ")[3] in s
+                        for s in sentences)]
+
+
+def test_a_row_in_another_regime_than_mambas_is_named_in_words(records):
+    """The section's fairness rule: a row compared with Mamba's shares its regime, or the words
+    name the difference. The rule fails a row whose difference no sentence names."""
+    section = REPORT.split("## Beyond the paper: today's mixers\n", 1)[1].split("\n## ", 1)[0]
+    table = collect.today_table(RUNS, records)
+    assert unnamed_differences(table, section) == []
+    assert one_line(section).count(collect.FAIRNESS) == 1
+    different = [row for row in table.splitlines()[2:] if not row.endswith("| the same |")]
+    assert different  # Gated DeltaNet on AR, at 1e-3
+    assert unnamed_differences(table, section.replace("Gated DeltaNet", "GDN")) == different
+    moved = table.replace("| the same |", "| Mamba's: fixed set, lr 0.001, 15,000 steps |")
+    assert len(unnamed_differences(moved, section)) > len(different)
 
 
 def test_todays_mixers_are_drawn_beside_the_seven(records, tmp_path):
