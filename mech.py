@@ -2,12 +2,11 @@
 space models" (Arora, Rathi, Selvam, Csordás, Jurafsky, Potts; arXiv 2505.15105).
 
 Tiny 2-layer models of seven architectures learn Associative Recall (AR) and Associative
-Treecall (ATR); interchange interventions then ask *how* each solved it. Sections: 1 AR, 2
-building blocks, 3 the seven mixers, each (b, l, d) -> (b, l, d), 4 the model, 5 training, 6
-interventions, 7 ATR; an appendix runs it. Guaranteed: the official maths (an official quirk
-is a flag, the paper's intent its default); not the official RNG calls, nor fused CUDA speed.
-Reading: Zoology (arXiv 2312.04927), H3 (2212.14052), Hyena (2302.10866), Mamba (2312.00752),
-mamba-minimal, DeltaNet (2406.06484). Shapes: b batch, l length, d width, h heads. Glossary:
+Treecall (ATR); interchange interventions then ask *how* each solved it. Guaranteed: the
+official maths (an official quirk is a flag, the paper's intent its default); not the official
+RNG calls, nor fused CUDA speed. Reading: Zoology (arXiv 2312.04927), H3 (2212.14052), Hyena
+(2302.10866), Mamba (2312.00752), mamba-minimal, DeltaNet (2406.06484). Shapes: b batch, l
+length, d width, h heads. Glossary:
     d_model, d         "Model dimension": the width of the residual stream
     pos_emb            PE / NoPE: learned absolute position embedding on or off
     pos["key"]         Key: the queried key in context (ATR: the queried word)
@@ -32,9 +31,8 @@ import time
 import zlib
 from bisect import bisect_right
 
-# Set before torch loads (libgomp, the OpenMP of its Linux builds, reads it then): a thread
-# that waits spins 3,000 times (not 300,000), then sleeps, so that other work on the machine
-# does not stall a run (figures/bench_threads.py measures it, idle and busy)
+# Set before torch loads (its OpenMP, libgomp, reads it then): a waiting thread spins 3,000
+# times, not 300,000, then sleeps: other work does not stall a run (figures/bench_threads.py)
 os.environ.setdefault("GOMP_SPINCOUNT", "3000")
 if __name__ == "__main__":  # a Ctrl-C while torch loads: exit 130, quietly (as the appendix)
     signal.signal(signal.SIGINT, lambda signum, frame: os._exit(130))
@@ -96,8 +94,7 @@ class Examples:
     def to(self, device):
         return Examples(self.ids.to(device), {k: v.to(device) for k, v in self.pos.items()})
 
-    def trim(self):  # drop the padding no document needs (ATR): a causal model's outputs
-        # stay, to float32 rounding (H3's and DeltaNet's sums over l are cut otherwise)
+    def trim(self):  # cut padding no document needs (ATR): causal, outputs stay (to rounding)
         return Examples(self.ids[:, :int(self.pos["answer"].max()) + 2], self.pos)
 
     @property
@@ -111,8 +108,7 @@ class AR:
         tok:  <bos> k1  v1  k2  v2 ...  k16  v16  <eos> k_i  v_i  <eos>
     Keys and values: drawn without replacement from disjoint halves of num_kv = 8192 tokens;
     the vocabulary is num_kv + 4 (PAD, BOS, EOS, an unused id). Official implementation:
-    aryamanarora/tinylang, tinylang/language/ar.py, languages/ar_vary_kv/ar_32.yaml.
-    Differences: numpy's RNG calls, not the official ones (the same distribution)."""
+    aryamanarora/tinylang, tinylang/language/ar.py, languages/ar_vary_kv/ar_32.yaml."""
 
     def __init__(self, num_kv: int = 8192, n_pairs: int = 16):
         self.n_keys = num_kv // 2  # keys and values each get half of the num_kv tokens
@@ -142,12 +138,12 @@ class AR:
         return other_than(tokens, first, self.n_keys, rng)
 
 
-# A run's task by its config's name for it (cfg: a Config, section 4); section 7 adds ATR.
-TASKS = {"ar": lambda cfg: AR(cfg.num_kv, cfg.n_pairs)}
-
-
 def make_task(cfg):
-    return TASKS[cfg.task](cfg)
+    """The task of a run's Config (section 4); ATR and its settings: section 7."""
+    if cfg.task == "ar":
+        return AR(cfg.num_kv, cfg.n_pairs)
+    return ATR(**ATR_SETTINGS[cfg.atr], held_out=cfg.held_out, query=cfg.atr_query,
+               grammar_seed=cfg.grammar_seed, max_length=L_MAX - 5)
 
 
 # 2. Building blocks: the MLP, causal convolutions (short and long), the filters' grid -------
@@ -165,8 +161,7 @@ class MLP(nn.Module):
 
 class CausalConv1d(nn.Conv1d):
     """The short convolution of BaseConv, Hyena, Mamba and DeltaNet, depthwise and causal,
-        y[t, j] = bias[j] + Σ_{i<k} w[j, i] · x[t - (k-1) + i, j],  x before position 0 = 0:
-    nn.Conv1d(c, c, k, groups=c) over k-1 zeros and x, on (b, l, c) (officially (b, c, l))."""
+        y[t, j] = bias[j] + Σ_{i<k} w[j, i] · x[t - (k-1) + i, j],  x[t < 0] = 0."""
 
     def __init__(self, channels: int, width: int, bias: bool = True):
         super().__init__(channels, channels, width, groups=channels, bias=bias)
@@ -182,9 +177,8 @@ def short_conv(channels: int, width: int, bias: bool) -> nn.Module:
 
 
 def causal_long_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Causal (linear, not circular) convolution with a filter as long as the sequence,
-        y[:, t, j] = Σ_{s<=t} k[j, t-s] · u[:, s, j],  u: (b, l, c), k: (c, l) -> (b, l, c),
-    the official FFTs' maths as a depthwise conv1d over l-1 zeros and u (with k flipped)."""
+    """Causal (not circular) convolution with a filter as long as the sequence, the official
+    FFTs' maths:  y[:, t, j] = Σ_{s<=t} k[j, t-s] · u[:, s, j],  u: (b, l, c), k: (c, l)."""
     x = F.pad(u.transpose(1, 2), (u.shape[1] - 1, 0))            # (b, c, 2l-1)
     return F.conv1d(x, k.flip(-1)[:, None], groups=len(k)).transpose(1, 2)
 
@@ -256,10 +250,8 @@ class TaylorLinearAttention(nn.Module):
     def __init__(self, d: int, feature_dim: int = 8, eps: float = 1e-12):
         super().__init__()
         self.feature_dim, self.eps = feature_dim, eps
-        self.proj_q = nn.Linear(d, feature_dim, bias=False)
-        self.proj_k = nn.Linear(d, feature_dim, bias=False)
-        self.proj_v = nn.Linear(d, d, bias=False)
-        self.proj_o = nn.Linear(d, d, bias=False)
+        self.proj_q, self.proj_k = (nn.Linear(d, feature_dim, bias=False) for _ in range(2))
+        self.proj_v, self.proj_o = (nn.Linear(d, d, bias=False) for _ in range(2))
 
     def forward(self, x):
         q, k, v = self.proj_q(x), self.proj_k(x), self.proj_v(x)
@@ -289,10 +281,8 @@ class H3(nn.Module):
         self.log_dt = nn.Parameter(torch.empty(H).uniform_(math.log(1e-3), math.log(1e-1)))
         self.inv_A_real = nn.Parameter(torch.full((H, modes), math.log(0.5)))  # A = -exp(.)
         self.A_imag = nn.Parameter(math.pi * torch.arange(modes).float().repeat(H, 1))
-        B = torch.ones(H, modes, dtype=torch.cfloat)
-        C = torch.randn(H, modes, dtype=torch.cfloat)
-        self.B = nn.Parameter(torch.view_as_real(B).clone())  # (H, N/2, 2)
-        self.C = nn.Parameter(torch.view_as_real(C).clone())
+        self.B = nn.Parameter(torch.view_as_real(torch.ones(H, modes, dtype=torch.cfloat)))
+        self.C = nn.Parameter(torch.view_as_real(torch.randn(H, modes, dtype=torch.cfloat)))
         self.D = nn.Parameter(torch.randn(H))
         self.output_linear = nn.Linear(d, d)
 
@@ -363,15 +353,14 @@ class Hyena(nn.Module):
     """Hyena of order 2 (1 head), with h the implicit filter and D a skip:
         x1, x2, v = split(short_conv_3(in_proj(u)))      a width-3 conv on all 3d channels
         v = x2 ⊙ (h * (x1 ⊙ v) + D ⊙ (x1 ⊙ v));   y = out_proj(v)
-    Official implementation: aryamanarora/zoology, zoology/mixers/hyena.py (Hyena).
-    Quirk: the official bias=False zeroes D; so does --no-hyena-d-skip."""
+    Official implementation: aryamanarora/zoology, zoology/mixers/hyena.py (Hyena)."""
 
     def __init__(self, d: int, d_skip: bool = True, filter_order: int = 64):
         super().__init__()
         self.in_proj = nn.Linear(d, 3 * d)
         self.short_filter = CausalConv1d(3 * d, 3)
         self.filter = HyenaFilter(d, filter_order)
-        self.D, self.d_skip = nn.Parameter(torch.randn(d)), d_skip
+        self.D, self.d_skip = nn.Parameter(torch.randn(d)), d_skip  # official: D zeroed
         self.out_proj = nn.Linear(d, d)
 
     def forward(self, u):
@@ -420,8 +409,7 @@ SCAN_BACKENDS = ("auto", "ext", "ref")  # "ref" the loop above, "ext" scan_ext/'
 
 def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
                    backend="auto"):
-    """selective_scan_ref's maths on a backend: "ref" the loop, "ext" scan_ext/'s C++/CUDA
-    kernel (an error if it cannot be built), "auto" the kernel if it builds, else the loop."""
+    """selective_scan_ref's maths: "auto" the kernel if it builds, else the loop."""
     if backend not in SCAN_BACKENDS:
         raise ValueError(f"selective_scan: unknown backend {backend!r}; "
                          f"choose from {', '.join(SCAN_BACKENDS)}")
@@ -431,11 +419,10 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
             raise ValueError(f"selective_scan: {name} must be per token, (b, n, l) = "
                              f"{(b, n, l)}, not {tuple(x.shape)}")
     args = (u, delta, A, B, C, D, z, delta_bias, delta_softplus)
-    kernel = None
     if backend != "ref":
         kernel = scan_ext.kernel(u.device, required=backend == "ext")
-    if kernel:
-        return kernel(*args)
+        if kernel:
+            return kernel(*args)
     return selective_scan_ref(*args)
 
 
@@ -447,8 +434,7 @@ class Mamba(nn.Module):
         y = selective_scan(x, softplus(dt_proj(δ)), A = -exp(A_log), B, C, D) ⊙ SiLU(z)
     and out = out_proj(y). Section 6 patches the conv at conv_out (the paper's v3).
     Official implementation: state-spaces/mamba, mamba_ssm/modules/mamba_simple.py (2.2.4);
-    for d_conv, aryamanarora/tinylang, tinylang/model/arch/mamba.py. Differences: no conv
-    parameters at all when d_conv = 0."""
+    d_conv: tinylang/model/arch/mamba.py. Differences: no conv parameters when d_conv = 0."""
     mamba_block = True  # it sits in Mamba's block (section 4): RMSNorm, no MLP, its own init
 
     def __init__(self, d: int, d_conv: int = 4, d_state: int = 16, expand: int = 2,
@@ -531,8 +517,7 @@ class DeltaNet(nn.Module):
 
 # 4. The model: blocks, the registry of mixers, the run's Config, initialisation -------------
 class Block(nn.Module):
-    """A pre-norm residual block: residual stream (b, l, d) -> residual stream (b, l, d). A
-    mixer whose mamba_block is True (Mamba's) sits in Mamba's block: RMSNorm, no MLP."""
+    """A pre-norm residual block; a mamba_block mixer's (Mamba's): RMSNorm and no MLP."""
 
     def __init__(self, d: int, mixer: nn.Module):
         super().__init__()
@@ -547,8 +532,7 @@ class Block(nn.Module):
         return x if self.mlp is None else x + self.mlp(self.norm2(x))   # per-position MLP
 
 
-# A block's sites, the activations section 6 reads and patches: site -> (the module in the
-# block, hooked on its input "in" or its output "out"); a mixer may add its own (Mamba's).
+# The sites section 6 patches: site -> (module in the block, its input "in" or output "out")
 SITES = {
     "block_input": ("", "in"), "block_output": ("", "out"),  # the residual stream
     "mixer_input": ("mixer", "in"), "mixer_output": ("mixer", "out"),  # before the add
@@ -556,14 +540,11 @@ SITES = {
 
 
 def base_conv_layer(cfg, i: int) -> BaseConv:
-    """zoology's BaseConv model alternates a short conv (width d_conv) and a long one by layer
-    (--long-conv: long ones only)."""
-    long = cfg.long_conv or i % 2 == 1
-    return BaseConv(cfg.d_model, None if long else cfg.d_conv)
+    """zoology's BaseConv: short convs at even layers, long at odd (--long-conv: all)."""
+    return BaseConv(cfg.d_model, None if cfg.long_conv or i % 2 == 1 else cfg.d_conv)
 
 
-# The registry of architectures: name -> (cfg, layer) -> a mixer (b, l, d) -> (b, l, d), where
-# cfg is the run's Config (below). zoology's Based: BaseConv, Taylor attention, alternately.
+# The architectures: name -> (cfg: the run's Config, below; layer) -> a (b, l, d) mixer
 MIXERS = {
     "attention": lambda cfg, i: Attention(cfg.d_model, cfg.n_head),
     "base_conv": base_conv_layer,
@@ -579,9 +560,8 @@ MIXER_CODE = {}  # arch -> the hash of the --mixer-file that registered it (the 
 
 def register_mixer(name: str, factory, d_conv: int | None = None, mamba_block=False) -> None:
     """A mixer of your own (README, "Your own mixer"): factory(cfg, layer) -> a causal module
-    (b, l, d) -> (b, l, d); d_conv: its short conv's width, if it has one (--dconv sets
-    cfg.d_conv); mamba_block: its mixers sit in Mamba's block, with its init. A mixer may name
-    sites of its own (SITES). check_mixers tries it before a run trains."""
+    (b, l, d) -> (b, l, d); d_conv: its short conv's width (--dconv); mamba_block: Mamba's
+    block and init. Sites of its own: SITES. check_mixers tries it before a run trains."""
     if name in MIXERS:
         raise ValueError(f"mixer {name!r} is taken ({', '.join(MIXERS)}); choose another")
 
@@ -596,8 +576,7 @@ def register_mixer(name: str, factory, d_conv: int | None = None, mamba_block=Fa
 
 
 def option(default, help: str, flag=None, choices=None, limits=None):
-    """A Config field: its default, --help text, its flag if not --<name>, and the values it
-    allows (choices, or limits: (low, high)), which Config.check enforces."""
+    """A Config field: default, --help text, flag if not --<name>, choices or limits."""
     allowed = dict(help=help, flag=flag, choices=choices, limits=limits)
     return dataclasses.field(default=default, metadata=allowed)
 
@@ -607,25 +586,21 @@ def field_type(f: dataclasses.Field) -> type:
     return getattr(f.type, "__args__", (f.type,))[0]
 
 
-# The fields a run reads only where another field has this value: field -> (field, value).
-# Given elsewhere (unless at their defaults), Config refuses them.
-APPLIES = dict(num_kv=("task", "ar"), n_pairs=("task", "ar"), atr=("task", "atr"),
-               atr_query=("task", "atr"), held_out=("task", "atr"),
-               grammar_seed=("task", "atr"), hyena_d_skip=("arch", "hyena"),
-               decay_frac=("schedule", "wsd"), d_conv=("long_conv", False),
-               bucket=("fresh_data", False))
+# Fields read only where another has this value: elsewhere Config refuses all but defaults
+APPLIES = (dict.fromkeys(["num_kv", "n_pairs"], ("task", "ar"))
+           | dict.fromkeys(["atr", "atr_query", "held_out", "grammar_seed"], ("task", "atr"))
+           | dict(hyena_d_skip=("arch", "hyena"), decay_frac=("schedule", "wsd"),
+                  d_conv=("long_conv", False), bucket=("fresh_data", False)))
 
 
 @dataclasses.dataclass
 class Config:
     """Everything that defines a run, each field a flag (--d-model for d_model): Config(arch=
-    A, task=T) is `mech.py --arch A --task T`, and both refuse a bad value in the same words.
-    A field left None takes its architecture's or its preset's value."""
+    A, task=T) is `mech.py --arch A --task T`; both refuse a bad value in the same words."""
     task: str = option("ar", "the task", choices=("ar", "atr"))  # -- what to train
     arch: str = option("attention", "the architecture, a name in MIXERS")
-    preset: str = option("cpu", "the fields 'from --preset': cpu (2 CPU cores), paper (its "
-                         "protocol), class (a claim in minutes)",
-                         choices=("cpu", "paper", "class"))
+    preset: str = option("cpu", "fills 'from --preset': cpu (2 cores), paper (its protocol), "
+                         "class (a claim in minutes)", choices=("cpu", "paper", "class"))
     d_model: int | None = option(None, "model width d (paper: 16 .. 256)", limits=(1, 1024))
     n_layer: int = option(2, "number of blocks (the paper: 2)", "--layers", limits=(1, 16))
     n_head: int = option(1, "attention / DeltaNet heads", "--heads", limits=(1, 64))
@@ -633,7 +608,7 @@ class Config:
     d_conv: int | None = option(None, "short-conv width, 0: none (mamba, delta_net: 4; "
                                 "based, base_conv: 3)", "--dconv", limits=(0, L_MAX))
     long_conv: bool = option(False, "based / base_conv: the long conv for the short one")
-    hyena_d_skip: bool = option(True, "Hyena's D skip (the official runs zeroed it by a bug)")
+    hyena_d_skip: bool = option(True, "Hyena's D skip (the official bias=False zeroed it)")
     value_corruption: str = option("value", "a corrupted Value becomes a value or (official) "
                                    "a key", choices=("value", "key"))
     scan: str = option("auto", "Mamba's scan: scan_ext's kernel (ext), the loop (ref), or "
@@ -644,12 +619,10 @@ class Config:
                       "|Σ|)", choices=("easy", "medium", "8192"))
     atr_query: str = option("parent", "ATR: ask the word's parent or its rightmost sibling",
                             choices=("parent", "sibling"))
-    held_out: float = option(0.0, "ATR: share of label pairs asked by test documents only",
-                             limits=(0.0, 0.9))
+    held_out: float = option(0.0, "ATR: share of label pairs test-only", limits=(0.0, 0.9))
     grammar_seed: int = option(42, "ATR: the grammar's seed (42: the official grammars)",
                                limits=(0, 2 ** 32 - 1))  # numpy's legacy RNG takes 32 bits
-    n_train: int | None = option(None, "training documents, replayed each epoch",
-                                 limits=(1, 10 ** 6))
+    n_train: int | None = option(None, "training documents, replayed", limits=(1, 10 ** 6))
     fresh_data: bool | None = option(None, "a fresh batch every step, not the fixed set")
     bucket: int | None = option(None, "batch documents by length in windows of this many "
                                 "batches", limits=(0, 10 ** 5))
@@ -664,8 +637,7 @@ class Config:
                                   choices=("cosine", "linear", "wsd"))
     decay_frac: float = option(0.2, "wsd: share of the steps decaying", limits=(0.001, 1.0))
     weight_decay: float = option(0.0, "AdamW weight decay (the paper: 0)", limits=(0.0, 1.0))
-    eval_every: int | None = option(None, "steps between evaluations and checkpoints",
-                                    limits=(1, 10 ** 7))
+    eval_every: int | None = option(None, "steps between evaluations", limits=(1, 10 ** 7))
     seed: int = option(42, "seed of the data and the weights", limits=(0, 2 ** 32 - 1))
 
     def __post_init__(self):
@@ -680,11 +652,9 @@ class Config:
 
     def defaults(self) -> dict:
         """The values of the fields left None: the architecture's, then the preset's. paper:
-        its protocol (tinylang experiments/*.yaml; it reports the best of 5-7 rates), cosine
-        to 0 (linear if held out), AR 16 epochs (50,016 steps), ATR 32. cpu: its task, data
-        and batch at d = 64 on a schedule fit to 2 CPU cores, longer where the calibration
-        (figures/README.md) found that short. class: cpu cut to show each headline claim in
-        minutes, 15,000 steps where some seeds form their mechanism later."""
+        its protocol (tinylang experiments/*.yaml; it reports the best of 5-7 rates). cpu: the
+        paper's data at d = 64 on a schedule fit to 2 CPU cores, longer where the calibration
+        (figures/README.md) found that short. class: cpu cut to show each claim in minutes."""
         task, arch = self.task, self.arch
         out = dict(pos_emb=arch == "attention", d_conv=DEFAULT_DCONV.get(arch), d_model=64,
                    n_pairs=16, n_train=100_032, warmup_frac=0.1, lr=1e-3, fresh_data=False)
@@ -704,7 +674,7 @@ class Config:
                 out.update(lr=3e-4)
         if self.preset == "class":
             slow = (task, arch) in (("ar", "attention"), ("atr", "mamba"))
-            out.update(steps=15_000 if slow else 10_000)
+            out.update(steps=15_000 if slow else 10_000)  # some seeds' mechanism forms late
             if task == "ar" and arch in ("attention", "based"):
                 out.update(d_model=32, n_pairs=8, n_train=50_000)
             if (task, arch) == ("atr", "mamba"):
@@ -720,8 +690,7 @@ class Config:
         return self.epochs * (self.n_train // self.batch_size)
 
     def check(self):
-        """Refuse, in a ValueError of one line, a value of the wrong type or outside what its
-        field allows (None, where the default is None, waits for the defaults)."""
+        """Refuse, in one line, a value of the wrong type or outside what its field allows."""
         for f in dataclasses.fields(self):
             value, allowed, kind = getattr(self, f.name), f.metadata, field_type(f)
             kinds = (int, float) if kind is float else kind  # a float field takes 1 for 1.0
@@ -729,18 +698,16 @@ class Config:
                 continue
             if not isinstance(value, kinds) or isinstance(value, bool) != (kind is bool):
                 raise ValueError(f"{f.name} must be {kind.__name__}, got {value!r}")
-            if allowed["choices"] and value not in allowed["choices"]:
+            choices = allowed["choices"] or (MIXERS if f.name == "arch" else ())
+            if choices and value not in choices:
                 raise ValueError(f"unknown {f.name} {value!r}; choose from "
-                                 f"{', '.join(allowed['choices'])}")
+                                 f"{', '.join(choices)}")
             low, high = allowed["limits"] or (value, value)
             if not low <= value <= high:  # NaN fails too
                 raise ValueError(f"{f.name} must be in [{low:,}, {high:,}], got {value}")
-        if self.arch not in MIXERS:
-            raise ValueError(f"unknown arch {self.arch!r}; choose from {', '.join(MIXERS)}")
 
     def problems(self):
-        """In words: the combinations that cannot be trained, and the fields given where this
-        run does not read them (APPLIES)."""
+        """In words: combinations that cannot train, fields given where not read (APPLIES)."""
         d, arch, defaults = self.d_model, self.arch, self.defaults()
         if self.steps is not None and self.epochs is not None:
             yield f"give steps ({self.steps}) or epochs ({self.epochs}), not both"
@@ -772,8 +739,7 @@ def init_weights(model: nn.Module, cfg: Config):
     """The official init, after the modules' own. zoology (not Mamba): Linear and embedding
     weights ~ N(0, 0.02), biases 0, and weights *named* out_proj.weight, fc2.weight or
     output_linear.0.weight ~ N(0, 0.02/√(2 n_layer)) (not H3's output_linear, Based proj_o).
-    mamba_ssm: the same embeddings and biases (not dt_proj's), out_proj kaiming / √n_layer.
-    Each block takes its own kind's, so that a hybrid's layers are initialised as alone."""
+    Mamba's blocks, as mamba_ssm: biases (not dt_proj's) 0, out_proj kaiming / √n_layer."""
     in_mamba = tuple(f"blocks.{i}." for i, block in enumerate(model.blocks) if block.mamba)
     rescaled = ("out_proj.weight", "fc2.weight", "output_linear.0.weight")
     for name, m in model.named_modules():
@@ -829,9 +795,7 @@ def build_model(cfg: Config, vocab_size: int) -> LanguageModel:
 
 @torch.no_grad()
 def check_mixers(model: LanguageModel, arch: str, length: int) -> None:
-    """Try each layer's mixer as the run uses it, in eval mode on `length` random inputs, and
-    refuse in one line one that mixer_problem (below) finds wrong. train() (section 5) asks
-    before training and at each evaluation, for a mixer may learn to look ahead."""
+    """Refuse in one line a mixer that mixer_problem (below) finds wrong, in eval mode."""
     g = torch.Generator().manual_seed(0)  # the probe's own random inputs
     x = torch.randn(1, length, model.tok_emb.embedding_dim, generator=g)    # (1, l, d)
     for layer, mixer in enumerate(block.mixer for block in model.blocks):
@@ -849,9 +813,8 @@ def check_mixers(model: LanguageModel, arch: str, length: int) -> None:
 
 
 def mixer_problem(mixer: nn.Module, x: torch.Tensor, g: torch.Generator) -> str | None:
-    """What is wrong with a mixer on x (1, l, d), in words, if anything. It must keep (b, l,
-    d) and stay finite; its sites be submodules with (b, l, ·) outputs, not named as a
-    block's; and be causal: an input changed from position i on leaves outputs before i."""
+    """What is wrong with a mixer on x (1, l, d), in words, if anything: it must keep (b, l,
+    d), stay finite, name no block's site, output (b, l, ·) at its own, and be causal."""
     own, outs = getattr(mixer, "sites", {}), {}
     if set(own) & set(SITES):
         return f"names a site {', '.join(set(own) & set(SITES))}, a block's; choose another"
@@ -962,8 +925,7 @@ def engine(model: LanguageModel, device) -> dict:
                 threads=torch.get_num_threads(), torch=str(torch.__version__), scan=scan)
 
 
-# A run's folder holds config.json (which run it is, written first), checkpoint.pt (while it
-# trains), then model.pt and metrics.json. Files are written by `save`, read within `reading`.
+# A run's folder: config.json (first), checkpoint.pt (while training), model.pt, metrics.json
 def stored(cfg: Config) -> dict:
     """config.json: the fields, and the hash of the --mixer-file that registered the arch."""
     code = {"mixer_code": MIXER_CODE[cfg.arch]} if cfg.arch in MIXER_CODE else {}
@@ -980,8 +942,7 @@ def in_one_line(e: Exception) -> str:
 
 
 def save(path: str, obj) -> None:
-    """Write a file under a temporary name, then rename it: a stop, a kill or a full disk
-    leaves the old file (or none), never half of one; a failure is one line."""
+    """Write a .tmp file, then rename it: a stop, kill or full disk leaves no half file."""
     tmp = path + ".tmp"
     try:
         if path.endswith(".json"):
@@ -999,8 +960,7 @@ def save(path: str, obj) -> None:
 
 @contextlib.contextmanager
 def reading(path: str):
-    """`with reading(path):` load and use a run's file; if it is cut short, damaged or another
-    program's, end in one line that names it."""
+    """`with reading(path):` use a run's file; a damaged one ends in one line naming it."""
     try:
         yield
     except Exception as e:
@@ -1027,8 +987,7 @@ def differences(theirs: dict, mine: dict, name: str) -> str:
 
 
 def claim(out: str, cfg: Config) -> None:
-    """Make `out` this run's folder: a new or empty one gets its config.json; any other but
-    this run's is refused, and nothing in it touched."""
+    """Make `out` this run's folder (a new or empty one gets config.json), or refuse it."""
     os.makedirs(out, exist_ok=True)
     theirs = stored_identity(out)
     files = [f for f in os.listdir(out) if not f.endswith(".tmp")]  # .tmp: a kill -9's
@@ -1043,8 +1002,7 @@ def claim(out: str, cfg: Config) -> None:
 
 
 def finished(out: str, cfg: Config, task, device) -> tuple | None:
-    """(model, metrics) of this run if its folder `out` holds it finished: metrics.json, and
-    model.pt if it is there (else the model is None)."""
+    """(model, metrics) if `out` holds this run finished (model None without its model.pt)."""
     path, model = os.path.join(out, "metrics.json"), None
     if stored_identity(out) != identity(cfg) or not os.path.exists(path):
         return None
@@ -1055,17 +1013,14 @@ def finished(out: str, cfg: Config, task, device) -> tuple | None:
     path = os.path.join(out, "model.pt")
     if os.path.exists(path):
         with reading(path):
-            weights = torch.load(path, device)
             model = build_model(cfg, task.vocab_size).to(device)
-            model.load_state_dict(weights)
+            model.load_state_dict(torch.load(path, device))
     return model, metrics
 
 
-def train(cfg: Config, out: str | None = None, device="cpu", log=print,
-          dynamics: bool = True) -> tuple:
-    """Train one model -> (model, metrics). With `out`, the run lives in that folder: a run
-    stopped or killed resumes exactly from its last evaluation, and a finished one is loaded,
-    not trained again (its model None if model.pt is gone)."""
+def train(cfg: Config, out=None, device="cpu", log=print, dynamics=True) -> tuple:
+    """Train one model -> (model, metrics). In the folder `out`, a stopped run resumes exactly
+    from its last evaluation; a finished one is loaded (model None without model.pt)."""
     task = make_task(cfg)
     shown = None if out is None else finished(out, cfg, task, device)
     if shown is not None:
@@ -1076,8 +1031,7 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
     dev_docs = None  # --held-out: the test documents ask held-out pairs only, dev ones others
     if cfg.held_out:
         dev_docs = task.sample(cfg.n_eval, rng_for(cfg.seed, "dev"), split="dev").to(device)
-    length = max(longest, test.ids.shape[1])  # the longest training or test document (fresh
-    # documents' lengths are not known ahead: there, the test documents')
+    length = max(longest, test.ids.shape[1])  # the longest document (fresh data: the test's)
     model = build_model(cfg, task.vocab_size).to(device)
     now = engine(model, device)  # before the probe, which may build Mamba's scan
     check_mixers(model, cfg.arch, length)
@@ -1146,7 +1100,6 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
                 log(f"step {done:,}/{cfg.total_steps:,} | {rate:5.1f} steps/s | the first "
                     f"evaluation at step {first - first % cfg.eval_every:,}" + busy())
             continue
-        # every eval_every steps and at the end: evaluate, watch the mechanism, checkpoint
         train_loss = loss_sum.item() / (done - (curve[-1]["step"] if curve else 0))
         loss_sum.zero_()
         uniform = math.log(task.vocab_size)  # the loss of a uniform guess
@@ -1176,10 +1129,8 @@ def train(cfg: Config, out: str | None = None, device="cpu", log=print,
         save_checkpoint(done)  # so that a stop or a kill -9 loses at most eval_every steps
     # finished: the metrics (the last evaluation's), the model; the checkpoint goes last
     run_time, final = time.time() - t0, curve[-1]
-    dev_accuracy = {k: final[k] for k in ["dev_accuracy"] if k in final}
-    metrics = dict(accuracy=final["accuracy"], test_loss=final["test_loss"],
-                   steps=cfg.total_steps, **dev_accuracy,
-                   wall_time_s=round(elapsed + run_time, 2),
+    metrics = {k: final[k] for k in ("accuracy", "test_loss", "dev_accuracy") if k in final}
+    metrics.update(steps=cfg.total_steps, wall_time_s=round(elapsed + run_time, 2),
                    steps_per_s=round((cfg.total_steps - start) / run_time, 2),
                    n_params=n_params, **now, curve=curve)
     if out is not None:
@@ -1203,23 +1154,17 @@ def progress_line(point: dict, total: int, rate: float, min_effect: float) -> st
 
 
 # 6. Interventions: the mechanistic evaluation -----------------------------------------------
-# An interchange intervention asks where the information that decides the answer lives:
-# corrupt the Key (another key in its place), run the document again, but at one site (section
-# 4's SITES, or a mixer's own) and one position put back the clean run's activation:
+# An interchange intervention asks where the information deciding the answer lives: corrupt
+# the Key, run again, but at one site (SITES) and one position put back the clean activation:
 #     Attrib = (mean p_patched - mean p_corrupted) / (mean p_clean - mean p_corrupted)
 # At the last layer's input, Attrib@Value ≈ 1 is induction (earlier layers stored "this
 # value follows that key" at the Value; the last matches the Query against it); @Query ≈ 1:
 # the answer was retrieved already; @Key ≈ 1: the last layer reads the Key position itself.
 # Official implementation: aryamanarora/tinylang, tinylang/eval/interchange.py (with pyvene).
-POSITIONS = ("key", "value", "value+1", "value+2", "divider", "query")  # Value+1 or +2 may be
-# the divider or the Query: their cells average only the documents where they are not
-# Below this Key effect (mean p_clean - mean p_corrupted) the paper leaves a run out of its
-# mechanism plots: its Attribs would be ratios of noise.
-PAPER_FILTER = {"ar": 0.01, "atr": 0.1}
-# The verdict in words (verdict, below) asks more on AR: 0.01 is about 3 documents in 320.
-VERDICT_MIN_EFFECT = 0.1
-# The named position restores at least 0.6 and the others at most 0.4: 1.5 times any other.
-VERDICT_DOMINANT = 0.6
+POSITIONS = ("key", "value", "value+1", "value+2", "divider", "query")  # the patched ones
+PAPER_FILTER = {"ar": 0.01, "atr": 0.1}  # Key effects below: noise, out of the paper's plots
+VERDICT_MIN_EFFECT = 0.1  # the verdict (below) asks more on AR: 0.01 is ~3 documents in 320
+VERDICT_DOMINANT = 0.6  # the named position restores >= 0.6, the others <= 0.4 (1.5x any)
 
 
 def positions(data: Examples, name: str) -> torch.Tensor:
@@ -1235,8 +1180,7 @@ def distinct(data: Examples, name: str) -> torch.Tensor:
 
 
 def sites_in(model: LanguageModel) -> dict:
-    """{(site, layer): (module path in the block, "in" or "out")}: SITES in every block but
-    an absent MLP's, and the mixer's own."""
+    """{(site, layer): (path, "in" or "out")}: SITES but absent MLPs', and the mixers' own."""
     out = {}
     for layer, block in enumerate(model.blocks):
         for site, where in SITES.items():
@@ -1267,8 +1211,7 @@ def p_answer(model: LanguageModel, data: Examples, ids=None) -> torch.Tensor:
     return logits.softmax(-1)[torch.arange(len(data), device=logits.device), data.answer]
 
 
-def corrupt(task, data: Examples, what: str, rng: Generator,
-            value_corruption: str = "value"):
+def corrupt(task, data: Examples, what: str, rng: Generator, value_corruption: str = "value"):
     """ids with pos[what]'s token replaced by another of its kind (see --value-corruption)."""
     rows, pos = torch.arange(len(data), device=data.ids.device), data.pos[what]
     kind = "key" if what == "key" or value_corruption == "key" else "value"
@@ -1276,11 +1219,9 @@ def corrupt(task, data: Examples, what: str, rng: Generator,
 
 
 @torch.no_grad()
-def interchange(model: LanguageModel, task, data: Examples, corrupted: str = "key",
-                seed: int = 0, value_corruption: str = "value", batch_size: int = 64,
-                cells=None) -> list:
-    """A row per (site, layer, position) cell (default: all): means over the documents where
-    its position is distinct, each corrupted once."""
+def interchange(model: LanguageModel, task, data: Examples, corrupted="key", seed=0,
+                value_corruption="value", batch_size=64, cells=None) -> list:
+    """A row per (site, layer, position) cell (default: all), over its distinct documents."""
     was_training = model.training
     model.eval()
     rng = rng_for(seed, f"corrupt-{corrupted}")
@@ -1307,10 +1248,9 @@ def interchange(model: LanguageModel, task, data: Examples, corrupted: str = "ke
                 patch[site, layer, position].append(p_answer(model, batch, bad_ids).double())
     model.train(was_training)
     clean, corr = torch.cat(clean), torch.cat(corr)  # (n,) per document
-    mask = {position: distinct(data, position) for position in POSITIONS}
     out = []
     for (site, layer, position), ps in patch.items():
-        m = mask[position]
+        m = distinct(data, position)
         p_clean, p_corr, p_patch = (x[m].mean().item() for x in (clean, corr, torch.cat(ps)))
         effect = p_clean - p_corr or math.nan  # no effect (or no document): undefined
         out.append(dict(corrupted=corrupted, site=site, layer=layer, position=position,
@@ -1326,8 +1266,7 @@ def verdict_site(n_layer: int) -> tuple:
 
 
 def verdict_attribs(rows: list, n_layer: int, layer: int | None = None) -> dict:
-    """{position: Attrib} at verdict_site (or block_input[layer]), the Key corrupted: what
-    metrics.json keeps as the analysis's "main"."""
+    """{position: Attrib} at verdict_site (or block_input[layer]), the Key corrupted."""
     site, layer = verdict_site(n_layer) if layer is None else ("block_input", layer)
     return {r["position"]: r["attrib"] for r in rows
             if r["corrupted"] == "key" and r["site"] == site and r["layer"] == layer}
@@ -1349,8 +1288,7 @@ def dominant(a: dict) -> str | None:
 
 
 def verdict_layer(rows: list, n_layer: int) -> int | None:
-    """The layer whose input the verdict reads: the first past layer 0 (whose input, the
-    embedding, holds the Key by construction) that no longer holds the Key; None: the last."""
+    """The verdict's layer: the first past 0 whose input lacks the Key; None: the last."""
     return next((i for i in range(1, n_layer)
                  if verdict_attribs(rows, n_layer, i)["key"] < VERDICT_DOMINANT), None)
 
@@ -1366,12 +1304,10 @@ def verdict(rows: list, n_layer: int) -> str:
                 f"(< {VERDICT_MIN_EFFECT}), too little to attribute")
     layer = verdict_layer(rows, n_layer)
     a = verdict_attribs(rows, n_layer, layer)
+    last = layer in (None, n_layer - 1)
+    where = "before the last layer" if last else f"before layer {layer}"
     if n_layer == 1:
         where = "by the one layer's mixer"
-    elif layer in (None, n_layer - 1):
-        where = "before the last layer"
-    else:
-        where = f"before layer {layer}"
     names = {"value": "induction: the key-value binding is stored at the Value position "
                       + where,
              "query": "direct retrieval at the last position: the answer is computed at the "
@@ -1426,24 +1362,18 @@ def analyse(model: LanguageModel, cfg: Config, split: str = "test") -> dict:
                 verdict=verdict(rows, cfg.n_layer))
 
 
-# The mechanism while it forms: at every evaluation train() runs a light interchange (Key
-# corrupted, a few cells, DYNAMICS_DOCS test documents), to show whether the mechanism forms
-# before, with or after the accuracy rises (figures/plots.py draws both in dynamics.png).
+# Does the mechanism form before, with or after the accuracy? Each evaluation asks (below).
 DYNAMICS_DOCS = 128  # its cost: figures/bench_dynamics.py
 
 
-def watched_cells(model: LanguageModel, n_layer: int) -> list:
-    """The verdict's cells, each mixer's output at the Query, Mamba's conv at Value(+1)."""
-    site, layer = verdict_site(n_layer)
-    conv = [("conv_output", 0, position) for position in ("value", "value+1")]
-    return ([(site, layer, position) for position in ("key", "value", "query")]
-            + [("mixer_output", i, "query") for i in range(n_layer)]
-            + (conv if ("conv_output", 0) in sites_in(model) else []))
-
-
 def watch_mechanism(model: LanguageModel, task, test: Examples, cfg: Config) -> dict:
-    """The Key's effect and the watched Attribs on the first DYNAMICS_DOCS test documents."""
-    cells = watched_cells(model, cfg.n_layer)  # the main ones first: (site, layer, position)
+    """The Key's effect and Attribs on the first DYNAMICS_DOCS test documents: the verdict's
+    cells, each mixer's output at the Query, Mamba's conv at Value(+1)."""
+    site, layer = verdict_site(cfg.n_layer)
+    conv = [("conv_output", 0, position) for position in ("value", "value+1")]
+    cells = ([(site, layer, position) for position in ("key", "value", "query")]  # main first
+             + [("mixer_output", i, "query") for i in range(cfg.n_layer)]
+             + (conv if ("conv_output", 0) in sites_in(model) else []))
     rows = interchange(model, task, test[:DYNAMICS_DOCS], "key", cfg.seed,
                        cfg.value_corruption, cells=cells)
     a = {(r["site"], r["layer"], r["position"]): r["attrib"] for r in rows}
@@ -1474,11 +1404,10 @@ class ATR:
     A constituent emits its children, then its head word: their parent (a head word's is the
     enclosing head), so the associations form a tree. The query repeats the rightmost terminal
     of its label (an unambiguous Key); query="sibling" asks its rightmost sibling (App. D.4).
-    held_out > 0 holds out that share of (parent, query) label pairs: only "test" asks them.
+
     Official implementation: aryamanarora/tinylang, tinylang/language/pcfg.py (class PCFG);
-    multihop/multihop_no_parent.yaml (sibling). Differences: the grammar's legacy-numpy calls
-    are the official ones, the documents' are a numpy Generator's (the same distribution:
-    tests/test_atr.py draws them the official way and compares)."""
+    multihop/multihop_no_parent.yaml (sibling). Differences: the documents' draws are a numpy
+    Generator's, not the official legacy calls (tests/test_atr.py compares the two)."""
 
     def __init__(self, n_terminals: int = 20, max_rhs_len: int = 5, n_nonterminals: int = 40,
                  max_rules: int = 5, max_depth: int = 10, terminal_occurrence_factor=None,
@@ -1504,14 +1433,13 @@ class ATR:
         #    one placeholder of weight f for all terminals, filled later (shapes ignore T)
         placeholder, rules = -1, []
         for nt in range(NT):
-            n_rules = rs.randint(1, self.max_rules + 1)
             allowed = [T + x for x in range(NT) if self.level[x] > self.level[nt]]
             symbols, probs = allowed + list(range(T)), None
             if self.terminal_occurrence_factor is not None:
                 probs = np.append(np.ones(len(allowed)), self.terminal_occurrence_factor)
                 symbols, probs = allowed + [placeholder], probs / probs.sum()
             rules.append([])
-            for _ in range(n_rules):
+            for _ in range(rs.randint(1, self.max_rules + 1)):
                 rhs = rs.choice(len(symbols), size=rs.randint(1, self.max_rhs_len), p=probs)
                 rules[-1].append([symbols[i] for i in rhs])
         self.rules = [[tuple(rs.randint(T) if s == placeholder else s for s in rhs)
@@ -1564,14 +1492,6 @@ class ATR:
                        and (held is None or held[tree.labels[t], label] == test))
         return [(q, t) for t, q in pairs]
 
-    @staticmethod
-    def choose_pair(pairs: list, rng: Generator) -> tuple:
-        """(query, target): a uniform target, then a uniform query of it (as officially)."""
-        targets = sorted({t for _, t in pairs})
-        target = targets[rng.integers(len(targets))]
-        queries = [q for q, t in pairs if t == target]
-        return queries[rng.integers(len(queries))], target
-
     def trees(self, n: int, rng: Generator, split: str = "train") -> list:
         """n sentences with pairs (redrawn if < 3 terminals, too long or no pair eligible)."""
         out, draws = [], 0
@@ -1584,8 +1504,11 @@ class ATR:
             if tree is None or len(tree.labels) < 3:
                 continue
             pairs = self.eligible_pairs(tree, split)
-            if pairs:
-                tree.query, tree.target = self.choose_pair(pairs, rng)
+            if pairs:  # a uniform target, then a uniform query of it (as officially)
+                targets = sorted({t for _, t in pairs})
+                tree.target = targets[rng.integers(len(targets))]
+                queries = [q for q, t in pairs if t == tree.target]
+                tree.query = queries[rng.integers(len(queries))]
                 out.append(tree)
         return out
 
@@ -1613,13 +1536,9 @@ ATR_SETTINGS = {  # §5.2 (tinylang languages/); pcfg_train_test_split: easy, --
     "medium": dict(n_terminals=20, max_rhs_len=10),  # pcfg_vary_difficulty/pcfg_10_20
     "8192": dict(n_terminals=8192, max_rhs_len=5,
                  terminal_occurrence_factor=20)}  # pcfg_vary_rhs_8192
-TASKS["atr"] = lambda cfg: ATR(**ATR_SETTINGS[cfg.atr], held_out=cfg.held_out,
-                               query=cfg.atr_query, grammar_seed=cfg.grammar_seed,
-                               max_length=L_MAX - 5)
 
 
 # Appendix: running it ---------------------------------------------------------------------
-# The command line: flags, stops, the device, what a run prints (its promises: --help).
 import argparse  # noqa: E402
 import runpy  # noqa: E402
 import sys  # noqa: E402
@@ -1641,7 +1560,6 @@ def say(message: str) -> None:
 
 
 def choose_device(device: str) -> str:
-    """auto (cuda if there is one), cpu, cuda or cuda:N."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     n = torch.cuda.device_count()
@@ -1652,16 +1570,11 @@ def choose_device(device: str) -> str:
 
 
 HELP = """Train one model of the paper on its task, save the run in --out, and show how it
-solved the task. Every field of mech.Config is a flag. A run is deterministic for a given seed
-and thread count on one machine (its CPU, torch and scan kernel: metrics.json names them).
-Stopped (Ctrl-C, SIGTERM, SIGHUP) or killed, the same command resumes it exactly from its last
-evaluation (a checkpoint every --eval-every steps). Finished, the same command prints its
-result and table again, with or without its model.pt. A folder that is not the run's is
-refused, its files untouched."""
-EXAMPLES = """examples:
-  python mech.py --arch mamba --task ar --dconv 4
-  python mech.py --arch attention --task atr --atr easy --seed 43
-  python mech.py --preset class --arch attention     # a finding in a minute"""
+solved the task. A run is deterministic for a given seed and thread count on one machine (its
+CPU, torch and scan kernel: metrics.json names them). Stopped (Ctrl-C, SIGTERM, SIGHUP) or
+killed, the same command resumes it exactly from its last evaluation (a checkpoint every
+--eval-every steps). Finished, the same command prints its result and table again, with or
+without its model.pt. A folder that is not the run's is refused, its files untouched."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -1670,13 +1583,11 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> Parser:
-    parser = Parser(prog="mech.py", description=HELP, epilog=EXAMPLES,
+    parser = Parser(prog="mech.py", description=HELP,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     for f in dataclasses.fields(Config):
-        kind = field_type(f)
-        extra = dict(type=kind)
-        if kind is bool:
-            extra = dict(action=argparse.BooleanOptionalAction)
+        extra = (dict(action=argparse.BooleanOptionalAction) if field_type(f) is bool
+                 else dict(type=field_type(f)))
         default = "from --arch or --preset" if f.default is None else f.default
         allowed = f.metadata["choices"] or (tuple(MIXERS) if f.name == "arch" else None)
         allowed = f"; one of {', '.join(allowed)}" if allowed else ""
@@ -1748,10 +1659,8 @@ def run(cfg: Config, args) -> dict:
         say(f"{cfg.arch} on {cfg.task}: test accuracy {metrics['accuracy']:.3f} ({right}/"
             f"{cfg.n_eval}) after {metrics['steps']:,} steps in {minutes:.1f} min "
             f"({metrics['steps_per_s']:.1f} steps/s); saved in {out}")
-    analyses = dict(interventions="test") | (dict(interventions_dev="dev") if cfg.held_out
-                                              else {})
-    for key, split in analyses.items():
-        if key in metrics or not args.interventions:
+    for key, split in dict(interventions="test", interventions_dev="dev").items():
+        if key in metrics or not args.interventions or (split == "dev" and not cfg.held_out):
             continue
         if model is None:
             raise RunError(f"{out} holds this run finished but not its model.pt, which its "

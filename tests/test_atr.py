@@ -185,11 +185,14 @@ def test_determinism():
     assert torch.equal(a.ids, d.ids)
 
 
-def test_choose_pair_is_target_first():
+def test_a_pair_is_drawn_target_first(monkeypatch):
     """Two targets: 5 with three eligible children, 9 with one. Each target gets half the draws."""
     pairs = [(0, 5), (1, 5), (2, 5), (8, 9)]
-    rng = np.random.default_rng(0)
-    draws = collections.Counter(mech.ATR.choose_pair(pairs, rng) for _ in range(6000))
+    task = mech.ATR()
+    monkeypatch.setattr(task, "derive", lambda rng: mech.Tree([0] * 10, [-1] * 10, -1, -1))
+    monkeypatch.setattr(task, "eligible_pairs", lambda tree, split: pairs)
+    trees = task.trees(6000, np.random.default_rng(0))
+    draws = collections.Counter((tree.query, tree.target) for tree in trees)
     assert set(draws) == set(pairs)
     assert abs(draws[8, 9] / 6000 - 1 / 2) < 0.03
     assert all(abs(draws[q, 5] / 6000 - 1 / 6) < 0.03 for q in (0, 1, 2))
