@@ -561,7 +561,7 @@ MIXER_CODE = {}  # arch -> the hash of the --mixer-file that registered it (the 
 def register_mixer(name: str, factory, d_conv: int | None = None, mamba_block=False) -> None:
     """A mixer of your own (README, "Your own mixer"): factory(cfg, layer) -> a causal module
     (b, l, d) -> (b, l, d); d_conv: its short conv's width (--dconv); mamba_block: Mamba's
-    block and init. Sites of its own: SITES. check_mixers tries it before a run trains."""
+    block and init. Sites of its own: SITES. check_mixers tries it as a run trains."""
     if name in MIXERS:
         raise ValueError(f"mixer {name!r} is taken ({', '.join(MIXERS)}); choose another")
 
@@ -1116,7 +1116,7 @@ def train(cfg: Config, out=None, device="cpu", log=print, dynamics=True) -> tupl
         if dynamics:  # the mechanism while it forms: watch_mechanism, section 6 (ahead)
             point["attrib"] = watch_mechanism(model, task, test, cfg)
         curve.append(point)
-        try:  # the mixers as trained so far: still causal?
+        try:  # a mixer may learn to look ahead: still causal as trained so far?
             check_mixers(model, cfg.arch, length)
         except ValueError as e:
             refused = f"{e} by step {done:,}: the run is refused, its results unreported"
