@@ -673,7 +673,7 @@ class Config:
             if (task, arch, self.pos_emb) == ("ar", "based", True):  # else it memorises too
                 out.update(lr=3e-4)
         if self.preset == "class":
-            slow = (task, arch) in (("ar", "attention"), ("atr", "mamba"))
+            slow = (task, arch) in (("ar", "attention"), ("ar", "mamba"), ("atr", "mamba"))
             out.update(steps=15_000 if slow else 10_000)  # some seeds' mechanism forms late
             if task == "ar" and arch in ("attention", "based"):
                 out.update(d_model=32, n_pairs=8, n_train=50_000)

@@ -273,15 +273,17 @@ def test_config_is_what_the_command_line_trains(arch, task):
 def test_the_class_preset_is_the_cpu_preset_cut_short(arch, task):
     """--preset class: the CPU preset's recipe in 10,000 steps; on AR, attention and Based at
     d = 32 on 8 pairs and 50,000 documents; on ATR, Mamba at 5e-3 after a warmup of 60 % of its
-    steps; attention on AR and Mamba on ATR in 15,000 steps."""
+    steps; attention and Mamba on AR and Mamba on ATR in 15,000 steps (Mamba on AR: in 10,000
+    its seed 42 at one thread ended with a Key effect of 0.14 here, "not learned" on another
+    machine of this kind; in 15,000, 0.47)."""
     cfg = mech.Config(arch=arch, task=task, preset="class")
     assert parse("--preset", "class", "--arch", arch, "--task", task) == cfg
     cpu = mech.Config(arch=arch, task=task)
     small = task == "ar" and arch in ("attention", "based")
     assert (cfg.d_model, cfg.n_pairs, cfg.n_train) == ((32, 8, 50_000) if small
                                                        else (64, 16, 100_032))
-    assert cfg.steps == (15_000 if (task, arch) in (("ar", "attention"), ("atr", "mamba"))
-                         else 10_000)
+    slow = (("ar", "attention"), ("ar", "mamba"), ("atr", "mamba"))
+    assert cfg.steps == (15_000 if (task, arch) in slow else 10_000)
     assert (cfg.lr, cfg.warmup_frac) == ((5e-3, 0.6) if (task, arch) == ("atr", "mamba")
                                          else (cpu.lr, cpu.warmup_frac))
     assert (cfg.schedule, cfg.fresh_data, cfg.bucket) == (cpu.schedule, cpu.fresh_data, cpu.bucket)
