@@ -77,7 +77,8 @@ def fake_run(folder, attribs, n_docs=None, **fields):
     os.makedirs(folder)
     mech.save(os.path.join(folder, "config.json"), dataclasses.asdict(cfg))
     mech.save(os.path.join(folder, "metrics.json"),
-                    dict(accuracy=0.8, wall_time_s=1.0, interventions=interventions))
+                    dict(accuracy=0.8, test_loss=1.0, wall_time_s=1.0, interventions=interventions,
+                         curve=[dict(step=10, train_loss=0.5, test_loss=1.0, accuracy=0.8)]))
 
 
 # ── enumeration ──────────────────────────────────────────────────────────────────────────────
@@ -514,7 +515,7 @@ def watched_run(folder, seed, value_by_step, accuracy_by_step, effect=0.5, arch=
     path = os.path.join(folder, "metrics.json")
     with open(path) as f:
         m = json.load(f)
-    m["curve"] = [dict(step=s, accuracy=accuracy_by_step[s], test_loss=1.0,
+    m["curve"] = [dict(step=s, accuracy=accuracy_by_step[s], train_loss=0.5, test_loss=1.0,
                        attrib=dict(effect=effect if s > 100 else 0.0,
                                    main=dict(key=0.0, value=v, query=0.0),
                                    cells={"mixer_output[1]@query": v}))

@@ -162,7 +162,8 @@ def write_run(root, sub: str, name: str, config: dict, inputs: list, effect: flo
     (folder / "config.json").write_text(json.dumps(config | fields))
     rows = key_rows(inputs, effect)
     (folder / "metrics.json").write_text(json.dumps(dict(
-        accuracy=accuracy, wall_time_s=1.0, interventions=dict(rows=rows, n_docs=32))))
+        accuracy=accuracy, test_loss=1.0, wall_time_s=1.0, interventions=dict(rows=rows, n_docs=32),
+        curve=[dict(step=10, train_loss=0.5, test_loss=1.0, accuracy=accuracy)])))
 
 
 @pytest.fixture(scope="module")
