@@ -2241,3 +2241,19 @@ def test_todays_mixers_prose_quotes_its_table(records):
     assert (f"The seeds disagree in {len(mixers(split))} of the {len(mixers(several))} rows of "
             f"today's mixers with more than one seed ({len(split)} of {len(several)} with "
             f"Mamba's)") in one_line(section)
+
+
+def test_the_hybrids_words_quote_their_table(records):
+    """Every number in the words below the hybrids' table is one of its cells, and every seed the
+    words count is one the table has."""
+    section = REPORT.split("## Beyond the paper: hybrids\n", 1)[1].split("\n## ", 1)[0]
+    table = collect.hybrids_table(RUNS, records)
+    assert table and table in section
+    words = section.split(table, 1)[1]
+    cells = set(re.findall(r"-?\d\.\d+", table))
+    quoted = re.findall(r"\d\.\d+", words)
+    assert quoted and not [n for n in quoted if n not in cells], quoted
+    rows = [row.split(" | ") for row in table.splitlines()[2:]]
+    hybrids = [cells for cells in rows if cells[0] == f"| {cells[2]}"]  # not the pure models
+    for seed in re.findall(r"seed (\d+)", words):
+        assert any(seed in cells[7].split(", ") for cells in hybrids), seed
