@@ -487,7 +487,8 @@ def test_the_class_presets_settings_and_verdicts_are_recounted(items):
                                          "atr_easy_mamba_dconv0")}
     cpu_d0 = json.load(open(os.path.join(RUNS, "cpu_preset", "atr_easy_mamba_dconv0_s42",
                                          "config.json")))
-    assert c["ar_based"]["steps"] == c["ar_mamba_dconv4"]["steps"]  # "10,000 steps", the rest
+    assert c["ar_based"]["steps"] == 10_000  # "10,000 steps", the rest
+    assert c["ar_mamba_dconv4"]["steps"] == c["ar_attention"]["steps"]  # "15,000"
     assert {x["schedule"] for x in c.values()} == {"wsd"}
     assert c["atr_easy_mamba_dconv0"]["steps"] == c["ar_attention"]["steps"]  # "15,000" both
     shape = lambda x: (x["d_model"], x["n_pairs"], x["n_train"])
@@ -497,14 +498,14 @@ def test_the_class_presets_settings_and_verdicts_are_recounted(items):
     conv = {p: ours.split("; ")[2].rsplit(", ", 1) for name, ours, _, _ in items
             for p in ("class", "cpu") if name == f"class AR mamba d_conv 4, {p} preset"}
     carries = {p: sum(float(x) >= 0.9 for x in ", ".join(v).split(", ")) for p, v in conv.items()}
-    assert carries["class"] == 0  # "in no class seed"
-    words = {2: "two", 3: "three", 4: "four", 6: "six"}
+    assert 0 < carries["class"] < 3 and 0 < carries["cpu"] < 3  # "in some seeds", both presets
+    words = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}
     rate = lambda x: f"{x:.0e}".replace("e-0", "e-")  # 5e-3, as the report writes it
     share = lambda x: f"{x * 100:.0f} %"
     in_text(text, [
         f"- **{c['ar_based']['steps']:,} steps** of the CPU preset's schedule "
         "(warmup-stable-decay)",
-        f"attention on AR and Mamba on ATR **{c['ar_attention']['steps']:,}**",
+        f"attention and Mamba on AR and Mamba on ATR **{c['ar_attention']['steps']:,}**",
         f"**Attention and Based on AR: d = {c['ar_attention']['d_model']}** (one of the paper's "
         f"widths), **{c['ar_attention']['n_pairs']} key-value pairs** a document",
         f"**{c['ar_attention']['n_train']:,} training documents** ({mamba['n_train']:,})",
@@ -514,10 +515,10 @@ def test_the_class_presets_settings_and_verdicts_are_recounted(items):
         f"Mamba on AR keeps d = {mamba['d_model']}, {mamba['n_pairs']} pairs, fresh documents "
         f"every step at lr {rate(mamba['lr'])}",
         f"**{words[same.count('same')].capitalize()} of the {words[len(same)]} claims get the CPU "
-        f"preset's verdicts in every seed; {words[len(same) - same.count('same')]} differ**",
-        f"in no class seed, where it does in {carries['cpu']} of 3 CPU seeds",
-        f"carries {' and '.join(conv['class'])} of the association (seeds 42–44) where the CPU "
-        f"preset's 20,000 steps give {' and '.join(conv['cpu'])}"])
+        f"preset's verdicts in every seed; {words[len(same) - same.count('same')]} differ"
+        f"{'s' if len(same) - same.count('same') == 1 else ''}**",
+        f"carries {' and '.join(conv['class'])} of the association (seeds 42–44, two threads), "
+        f"where the CPU preset's 20,000 steps give {' and '.join(conv['cpu'])}"])
 
 
 def test_the_cost_table_gives_the_cpu_preset_times(records):
@@ -1024,14 +1025,14 @@ def test_the_class_preset_and_calibration_prose_is_recounted(cpu):
     d0 = [metrics("class_preset", f"ar_mamba_dconv0_s{s}") for s in SEEDS]
     loss5k = {f"{at('class_preset', f'ar_mamba_dconv0_s{s}', 5000, 'train_loss'):.1f}"
               for s in SEEDS}
-    assert len(loss5k) == 1 and all(at("class_preset", f"ar_mamba_dconv0_s{s}", 5000) == 0
-                                    for s in SEEDS) and all(m["accuracy"] < 0.01 for m in d0)
+    acc5k = max(at("class_preset", f"ar_mamba_dconv0_s{s}", 5000) for s in SEEDS)
+    assert len(loss5k) == 1 and all(m["accuracy"] < 0.01 for m in d0)
     diag = {s: collect.record(os.path.join(RUNS, "diagnostics", f"class_ar_mamba_8pairs_s{s}"),
                               RUNS) for s in SEEDS}
     runs = collect.collect(os.path.join(RUNS, "class_preset"), log=lambda *a: None)
     group = lambda name: [r for r in runs if os.path.basename(r["folder"]).startswith(name)]
     wanted = [f"at step 5,000 the loss is still {loss5k.pop()} (a guess among the 4,096 values: "
-              f"{math.log(4096):.1f}) and the accuracy 0.000",
+              f"{math.log(4096):.1f}) and the accuracy at most {acc5k:.3f}",
               f"records {diag[42]['wall_time_s']:.0f} s of training), accuracy "
               f"{diag[42]['accuracy']:.3f}, @Query {diag[42]['attrib']['query']:.2f}, "
               f"conv @Value+1 "
