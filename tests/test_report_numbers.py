@@ -2168,10 +2168,12 @@ def test_todays_table_recounts_each_runs_regime_from_its_config(records):
 
 def unnamed_differences(table: str, words: str) -> list:
     """The rows of today's table whose regime is not their Mamba row's, and which no sentence of
-    words names: the model's name with the row's regime (as the table writes it)."""
+    words (its lines outside tables) names: the model's name with the row's regime (as the
+    table writes it)."""
     names = {"mamba": "Mamba", "mamba2": "Mamba-2", "gated_deltanet": "Gated DeltaNet",
              "kda": "KDA"}
-    sentences = one_line(words).split(". ")
+    prose = "\n\n".join(line for line in words.splitlines() if not line.startswith("|"))
+    sentences = one_line(prose).split(". ")
     return [row for row in table.splitlines()[2:] if not row.endswith("| the same |")
             and not any(names[row.split(" | ")[0][2:]] in s and row.split(" | ")[3] in s
                         for s in sentences)]
