@@ -231,8 +231,8 @@ def test_a_hybrid_whose_linear_layer_comes_first_learns_associative_recall(regis
     document scores 1/2. Measured (seeds 0-2): 1.0 for each of the three, ~4-12 s of CPU.
     Attention first forms its mechanism late, too late for a short test (measured here, the same
     documents and width): attention_gdn scores 0.52-0.73 after 1,500 steps at 5e-3 (seeds 0-2)
-    and 1.0 after 3,000 at 3e-3 (seeds 0, 1; ~40 s each); attention_mamba at 3e-3 scores 0.51,
-    0.80, 1.0 after 8,000 steps (seeds 0-2; ~75 s each)."""
+    and 1.0 after 3,000 at 3e-3 (seeds 0, 1); attention_mamba at 3e-3 scores 0.51, 0.80, 1.0
+    after 8,000 steps (seeds 0-2): ~40 s and ~75 s a run beside two training runs."""
     cfg = mech.Config(arch=name, d_model=32, n_pairs=2, num_kv=16, fresh_data=True, lr=5e-3,
                       batch_size=64, steps=300, eval_every=300, n_eval=256, seed=0,
                       n_layer=len(PATTERNS[name]))

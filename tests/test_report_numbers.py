@@ -2172,7 +2172,7 @@ def unnamed_differences(table: str, words: str) -> list:
     table writes it)."""
     names = {"mamba": "Mamba", "mamba2": "Mamba-2", "gated_deltanet": "Gated DeltaNet",
              "kda": "KDA"}
-    prose = "\n\n".join(line for line in words.splitlines() if not line.startswith("|"))
+    prose = "\n".join(line for line in words.splitlines() if not line.startswith("|"))
     sentences = one_line(prose).split(". ")
     return [row for row in table.splitlines()[2:] if not row.endswith("| the same |")
             and not any(names[row.split(" | ")[0][2:]] in s and row.split(" | ")[3] in s
