@@ -1131,12 +1131,15 @@ def by_configuration(runs: list) -> list:
 
 def pure_runs(records: list, arch: str, hybrid: list) -> list:
     """A pure model's runs beside a hybrid's on one task (hybrid: those runs): of 2 layers, at the
-    hybrid's width and with its short conv (attention has none), the paper's PE choice and main
-    question; of the hybrid's regime (data, lr and steps) if any are, else of its data (fresh
-    documents or the fixed set), else all of them (each configuration a row of its own)."""
+    hybrid's width and with its short conv (attention has none), asking the paper's main question
+    with its PE choice or the hybrid's (so pure attention NoPE too: the hybrids' attention layer
+    has no position embedding); of the hybrid's regime (data, lr and steps) if any are, else of
+    its data (fresh documents or the fixed set), else all of them (each configuration a row of its
+    own)."""
     task = task_label(hybrid[0])
     runs = [r for r in records if r["arch"] == arch and task_label(r) == task
-            and r["n_layer"] == 2 and main_variant(r) and not r["long_conv"]
+            and r["n_layer"] == 2 and main_question(r) and not r["long_conv"]
+            and (not pe_variant(r) or r["pos_emb"] in {h["pos_emb"] for h in hybrid})
             and r["d_model"] in {h["d_model"] for h in hybrid}
             and r["d_conv"] in {h["d_conv"] for h in hybrid} | {None}]
     same = [r for r in runs if regime([r]) in {regime([h]) for h in hybrid}]
@@ -1186,7 +1189,8 @@ def hybrids_table(runs_root: str, cpu: list) -> str:
         steps = f"{first['steps']:,}" if first.get("steps") else f"{first['epochs']} epochs"
         seeds = ", ".join(str(r["seed"]) for r in runs)
         effects = ", ".join(f"{r['effect']:.3f}" for r in runs)
-        lines.append(f"| {name} | {task} | {first['arch']} | {first['n_layer']} "
+        model = first["arch"] + pe_variant(first)
+        lines.append(f"| {name} | {task} | {model} | {first['n_layer']} "
                      f"| {data_regime(first)} | {first['lr']:g} | {steps} | {seeds} "
                      f"| {mean_sd(r['accuracy'] for r in runs)} | {effects} | {attribs} "
                      f"| {'; '.join(map(layer_conv_cell, runs))} "

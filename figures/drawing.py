@@ -86,6 +86,8 @@ def save(fig, out_dir: str, name: str, caption: list) -> list:
     text = "\n".join(textwrap.fill(paragraph, int(width * 16)) for paragraph in caption)
     extra = (text.count("\n") + 1) * 8 * 1.35 / 72 + 0.2  # 8-point lines, in inches
     fig.set_size_inches(width, height + extra)
+    if fig.get_suptitle():  # 0.1 inch from the top, as a short figure has it, not 2 % of a tall one
+        fig.suptitle(fig.get_suptitle(), y=1 - 0.1 / (height + extra))
     fig.tight_layout(rect=(0, extra / (height + extra), 1, 1))
     fig.text(0.01, (extra - 0.1) / (height + extra), text, fontsize=8, va="top", ha="left")
     path = os.path.join(out_dir, name)
@@ -1097,6 +1099,12 @@ def seven_paper(task: str, arch: str, runs: list) -> tuple:
 
 # ── beyond the paper: hybrids, layer by layer ──────────────────────────────────────────────
 
+def seed_lines(runs: list) -> str:
+    """Each seed's verdict and conv cell, a line each, wrapped to a half-width panel."""
+    return "\n".join(textwrap.fill(f"seed {x['seed']}: {', '.join(layer_verdict(x))}; "
+                                   f"conv {layer_conv_cell(x)}", 130) for x in runs)
+
+
 def hybrids(groups: list, out_dir: str) -> list:
     """The hybrids (collect.hybrid_groups; their pure models are the table's): per hybrid (a row
     per configuration) and task (columns), a heat map of the Attrib (Key corrupted) at every
@@ -1113,8 +1121,9 @@ def hybrids(groups: list, out_dir: str) -> list:
              (panels[name].get(task, []) for task in HYBRID_TASKS)]
             for name, tasks in panels.items() for k in range(max(map(len, tasks.values())))]
     # each row as tall as its heat maps' layers and the seeds' verdict lines below them
-    heights = [1.4 + max(0.4 * (runs[0]["n_layer"] - 1) + 0.15 * len(runs)
-                         for runs in row if runs) for row in rows]
+    heights = [1.4 + max(0.55 * (runs[0]["n_layer"] - 1)
+                         + 0.15 * (seed_lines(runs).count("\n") + 1) for runs in row if runs)
+               for row in rows]
     fig, axes = plt.subplots(len(rows), len(HYBRID_TASKS), squeeze=False,
                              figsize=(15, sum(heights)), height_ratios=heights)
     for row, row_axes in zip(rows, axes):
@@ -1135,8 +1144,7 @@ def hybrids(groups: list, out_dir: str) -> list:
             ax.set_title(f"{r['arch']} on {'AR' if task == 'ar' else 'ATR easy'}: "
                          f"{data_regime(r)}, lr {r['lr']:g}; {sum(map(reacts, runs))} of "
                          f"{len(runs)} seeds past the filter", fontsize=8)
-            ax.set_xlabel("\n".join(f"seed {x['seed']}: {', '.join(layer_verdict(x))}; "
-                                     f"conv {layer_conv_cell(x)}" for x in runs), fontsize=7)
+            ax.set_xlabel(seed_lines(runs), fontsize=7)
     fig.suptitle("Beyond the paper: hybrids, where each layer leaves the answer (Attrib at every "
                  "layer's input, Key corrupted)")
     runs = [r for _, _, rs in groups for r in rs if r["arch"] in panels]

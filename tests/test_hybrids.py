@@ -169,8 +169,8 @@ def write_run(root, sub: str, name: str, config: dict, inputs: list, effect: flo
 @pytest.fixture(scope="module")
 def runs(registry, tmp_path_factory):
     """A tiny real run of gdn_attention on AR (fresh documents, lr 3e-3; it learns nothing in 20
-    steps) and fake ones: a second seed of it, and its pure models, some of which the table must
-    leave out."""
+    steps) and fake ones: a second seed of it, and its pure models (attention with and without
+    its position embedding), some of which the table must leave out (Gated DeltaNet with one)."""
     root = tmp_path_factory.mktemp("runs")
     real = root / "hybrids" / "ar_gdn_attention_fresh_lr0.003_s42"
     mech.main(["--mixer-file", FILES[0], "--mixer-file", FILES[1], "--arch", "gdn_attention",
@@ -187,12 +187,16 @@ def runs(registry, tmp_path_factory):
                   fresh_data=False, lr=1e-3, seed=seed)
     write_run(root, "mixers", "ar_gdn_fresh_s42", gdn, [{}, dict(query=1.0)], 0.7, 0.9)
     write_run(root, "mixers", "ar_gdn_dconv0_fresh_s42", gdn, [{}, {}], 0.0, 0.0, d_conv=0)
+    write_run(root, "mixers", "ar_gdn_pe_fresh_s42", gdn, [{}, {}], 0.0, 0.0, pos_emb=True)
     attention = dict(config, arch="attention", pos_emb=True, d_conv=None, fresh_data=False,
                      lr=1e-3, steps=30)
     for seed, value in ((42, 0.96), (43, 0.92), (44, 0.88)):  # none fresh: its fixed set
         write_run(root, "cpu_preset", f"ar_attention_s{seed}", attention,
                   [{}, dict(value=value)], 0.6, 0.9, seed=seed)
     write_run(root, "cpu_preset", "ar_attention_l1_s42", attention, [{}], 0.6, 0.9, n_layer=1)
+    for seed in (42, 43):  # no position embedding, as the hybrids' attention layer
+        write_run(root, "cpu_preset", f"ar_attention_nope_s{seed}", attention, [{}, {}], 0.0,
+                  0.05, pos_emb=False, seed=seed)
     return root
 
 
@@ -209,6 +213,8 @@ def test_the_hybrids_table_is_recounted_from_the_runs(runs):
         "| gdn_attention | ar | gated_deltanet | 2 | fresh documents | 0.003 | 20 | 42 "
         "| 0.900 (1 seed) | 0.700 | [1] 0.00 / 0.00 / 1.00 | - "
         "| retrieval at the Query in the gated_deltanet layer (layer 0) ×1 |",
+        "| gdn_attention | ar | attention NoPE | 2 | fixed set | 0.001 | 30 | 42, 43 "
+        "| 0.050 ± 0.000 | 0.000, 0.000 | - | -; - | not learned ×2 |",
         "| gdn_attention | ar | attention | 2 | fixed set | 0.001 | 30 | 42, 43, 44 "
         "| 0.900 ± 0.000 | 0.600, 0.600, 0.600 | [1] 0.00 / 0.92 / 0.00 | -; -; - "
         "| induction in the attention layer (layer 1) ×3 |"]
