@@ -40,6 +40,14 @@ def test_the_generated_tables_are_those_of_the_runs(records, items):
         assert f.read() == table + "\n"
 
 
+def test_every_table_of_the_report_ends_before_its_next_paragraph():
+    """A line of prose right after a table is read by Markdown as one more row of it."""
+    lines = REPORT.splitlines()
+    glued = [b for a, b in zip(lines, lines[1:]) if a.startswith("|") and b.strip()
+             and not b.startswith("|")]
+    assert glued == []
+
+
 def test_every_committed_run_is_whole_and_the_reports(records):
     """--numbers figures/runs refuses a damaged run, or a foreign one under cpu_preset: none."""
     assert collect.refused_runs(RUNS, records) == []
