@@ -1162,8 +1162,9 @@ def hybrid_groups(runs_root: str, cpu: list) -> list:
                 continue
             pure = [pure_runs(cpu if arch in ARCHS else mixers, arch, mine)
                     for arch in dict.fromkeys(pattern)]
-            groups += [(name, task, rs) for runs in [mine] + pure
-                       for rs in by_configuration(runs)]
+            groups += [(name, task, rs) for runs in [mine] + pure  # the widest conv first
+                       for rs in sorted(by_configuration(runs),
+                                        key=lambda rs: -(rs[0]["d_conv"] or 0))]
     return groups
 
 
@@ -1174,13 +1175,14 @@ def input_means(runs: list, layer: int, positions=POSITIONS3) -> dict:
 
 def hybrids_table(runs_root: str, cpu: list) -> str:
     """The report's table of the hybrids beside their pure models (hybrid_groups): per model,
-    task and configuration its data (fresh documents or the fixed set), learning rate and steps,
+    task and configuration its short conv's width ("-": none), its data (fresh documents or the
+    fixed set), learning rate and steps,
     the seeds' accuracy and Key effect, Key / Value / Query at every layer's input but the
     embedding (means past the filter), each seed's conv cell that restores most (and its layer's
     arch), and the seeds' verdicts (layer_verdict's mechanism) counted; "" with no hybrid run."""
-    lines = ["| hybrid | task | model | layers | data | lr | steps | seeds | accuracy | Key effect "
-             "| Attrib K / V / Q at block_input[l] | the conv's largest cell (each seed) "
-             "| verdicts |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| hybrid | task | model | layers | d_conv | data | lr | steps | seeds | accuracy "
+             "| Key effect | Attrib K / V / Q at block_input[l] | the conv's largest cell (each seed) "
+             "| verdicts |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, task, runs in hybrid_groups(runs_root, cpu):
         first = runs[0]
         layers = [(layer, input_means(runs, layer)) for layer in range(1, first["n_layer"])]
@@ -1190,7 +1192,8 @@ def hybrids_table(runs_root: str, cpu: list) -> str:
         seeds = ", ".join(str(r["seed"]) for r in runs)
         effects = ", ".join(f"{r['effect']:.3f}" for r in runs)
         model = first["arch"] + pe_variant(first)
-        lines.append(f"| {name} | {task} | {model} | {first['n_layer']} "
+        conv = "-" if first["d_conv"] is None else first["d_conv"]
+        lines.append(f"| {name} | {task} | {model} | {first['n_layer']} | {conv} "
                      f"| {data_regime(first)} | {first['lr']:g} | {steps} | {seeds} "
                      f"| {mean_sd(r['accuracy'] for r in runs)} | {effects} | {attribs} "
                      f"| {'; '.join(map(layer_conv_cell, runs))} "

@@ -1142,8 +1142,9 @@ def hybrids(groups: list, out_dir: str) -> list:
                 ax.text(0.5, 0.5, "no seed past the filter", ha="center",
                         transform=ax.transAxes, color="grey")
             ax.set_title(f"{r['arch']} on {'AR' if task == 'ar' else 'ATR easy'}: "
-                         f"{data_regime(r)}, lr {r['lr']:g}; {sum(map(reacts, runs))} of "
-                         f"{len(runs)} seeds past the filter", fontsize=8)
+                         f"{data_regime(r)}, lr {r['lr']:g}, d_conv {r['d_conv']}; "
+                         f"{sum(map(reacts, runs))} of {len(runs)} seeds past the filter",
+                         fontsize=8)
             ax.set_xlabel(seed_lines(runs), fontsize=7)
     fig.suptitle("Beyond the paper: hybrids, where each layer leaves the answer (Attrib at every "
                  "layer's input, Key corrupted)")

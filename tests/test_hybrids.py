@@ -181,6 +181,8 @@ def runs(registry, tmp_path_factory):
     induction = [{}, dict(value=0.9, query=0.05)]
     write_run(root, "hybrids", "ar_gdn_attention_fresh_lr0.003_s43", config, induction, 0.5,
               0.8, seed=43)
+    write_run(root, "hybrids", "ar_gdn_attention_dconv0_fresh_lr0.003_s42", config, [{}, {}],
+              0.0, 0.5, d_conv=0)  # without its conv: its pure model's run without one beside
     gdn = dict(config, arch="gated_deltanet")
     for seed in (42, 43):  # the fixed set at 1e-3, and one seed on fresh documents: the table's
         write_run(root, "mixers", f"ar_gdn_s{seed}", gdn, [{}, dict(key=0.8)], 0.4, 0.6,
@@ -203,19 +205,23 @@ def runs(registry, tmp_path_factory):
 def test_the_hybrids_table_is_recounted_from_the_runs(runs):
     cpu = collect.collect(str(runs / "cpu_preset"))
     table = collect.hybrids_table(str(runs), cpu).splitlines()
-    real = collect.collect(str(runs / "hybrids"))[0]
+    real = next(r for r in collect.collect(str(runs / "hybrids")) if r["d_conv"] and r["seed"] == 42)
     assert real["seed"] == 42 and real["effect"] < mech.PAPER_FILTER["ar"]  # seed 43 alone passes
     assert table[2:] == [
-        f"| gdn_attention | ar | gdn_attention | 2 | fresh documents | 0.003 | 20 | 42, 43 "
+        f"| gdn_attention | ar | gdn_attention | 2 | 4 | fresh documents | 0.003 | 20 | 42, 43 "
         f"| {collect.mean_sd([real['accuracy'], 0.8])} | {real['effect']:.3f}, 0.500 "
         f"| [1] 0.00 / 0.90 / 0.05 | -; - | not learned ×1, induction in the attention layer "
         f"(layer 1) ×1 |",
-        "| gdn_attention | ar | gated_deltanet | 2 | fresh documents | 0.003 | 20 | 42 "
+        "| gdn_attention | ar | gdn_attention | 2 | 0 | fresh documents | 0.003 | 20 | 42 "
+        "| 0.500 (1 seed) | 0.000 | - | - | not learned ×1 |",
+        "| gdn_attention | ar | gated_deltanet | 2 | 4 | fresh documents | 0.003 | 20 | 42 "
         "| 0.900 (1 seed) | 0.700 | [1] 0.00 / 0.00 / 1.00 | - "
         "| retrieval at the Query in the gated_deltanet layer (layer 0) ×1 |",
-        "| gdn_attention | ar | attention NoPE | 2 | fixed set | 0.001 | 30 | 42, 43 "
+        "| gdn_attention | ar | gated_deltanet | 2 | 0 | fresh documents | 0.003 | 20 | 42 "
+        "| 0.000 (1 seed) | 0.000 | - | - | not learned ×1 |",
+        "| gdn_attention | ar | attention NoPE | 2 | - | fixed set | 0.001 | 30 | 42, 43 "
         "| 0.050 ± 0.000 | 0.000, 0.000 | - | -; - | not learned ×2 |",
-        "| gdn_attention | ar | attention | 2 | fixed set | 0.001 | 30 | 42, 43, 44 "
+        "| gdn_attention | ar | attention | 2 | - | fixed set | 0.001 | 30 | 42, 43, 44 "
         "| 0.900 ± 0.000 | 0.600, 0.600, 0.600 | [1] 0.00 / 0.92 / 0.00 | -; -; - "
         "| induction in the attention layer (layer 1) ×3 |"]
     assert "Beyond the paper: hybrids" in collect.generated_tables(str(runs), cpu)
@@ -224,10 +230,11 @@ def test_the_hybrids_table_is_recounted_from_the_runs(runs):
 
 def test_the_hybrids_figure_draws_each_hybrid_and_task(runs, tmp_path):
     groups = collect.hybrid_groups(str(runs), [])
-    assert [(name, task, len(rs)) for name, task, rs in groups] == [
-        ("gdn_attention", "ar", 2), ("gdn_attention", "ar", 1)]  # no attention run: no row
+    assert [(rs[0]["arch"], rs[0]["d_conv"], len(rs)) for name, task, rs in groups] == [
+        ("gdn_attention", 4, 2), ("gdn_attention", 0, 1), ("gated_deltanet", 4, 1),
+        ("gated_deltanet", 0, 1)]  # no attention run: no row
     assert drawing.hybrids(groups, str(tmp_path)) == [str(tmp_path / "hybrids.png")]
-    assert drawing.hybrids(groups[1:], str(tmp_path / "none")) == []  # pure models alone
+    assert drawing.hybrids(groups[2:], str(tmp_path / "none")) == []  # pure models alone
 
 
 @pytest.mark.parametrize("name, num_kv", [("mamba_attention", 16), ("gdn_attention", 16),
