@@ -1176,10 +1176,10 @@ def input_means(runs: list, layer: int, positions=POSITIONS3) -> dict:
 def hybrids_table(runs_root: str, cpu: list) -> str:
     """The report's table of the hybrids beside their pure models (hybrid_groups): per model,
     task and configuration its short conv's width ("-": none), its data (fresh documents or the
-    fixed set), learning rate and steps,
-    the seeds' accuracy and Key effect, Key / Value / Query at every layer's input but the
-    embedding (means past the filter), each seed's conv cell that restores most (and its layer's
-    arch), and the seeds' verdicts (layer_verdict's mechanism) counted; "" with no hybrid run."""
+    fixed set), learning rate and steps, the seeds' accuracy and Key effect, Key / Value / Query
+    at every layer's input but the embedding (means past the filter), each seed's conv cell that
+    restores most (and its layer's arch), and the seeds' verdicts (layer_verdict's mechanism)
+    counted; "" with no hybrid run."""
     lines = ["| hybrid | task | model | layers | d_conv | data | lr | steps | seeds | accuracy "
              "| Key effect | Attrib K / V / Q at block_input[l] | the conv's largest cell (each seed) "
              "| verdicts |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

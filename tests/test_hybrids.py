@@ -205,7 +205,8 @@ def runs(registry, tmp_path_factory):
 def test_the_hybrids_table_is_recounted_from_the_runs(runs):
     cpu = collect.collect(str(runs / "cpu_preset"))
     table = collect.hybrids_table(str(runs), cpu).splitlines()
-    real = next(r for r in collect.collect(str(runs / "hybrids")) if r["d_conv"] and r["seed"] == 42)
+    real = next(r for r in collect.collect(str(runs / "hybrids"))
+                if r["d_conv"] and r["seed"] == 42)  # the real run, not the one without a conv
     assert real["seed"] == 42 and real["effect"] < mech.PAPER_FILTER["ar"]  # seed 43 alone passes
     assert table[2:] == [
         f"| gdn_attention | ar | gdn_attention | 2 | 4 | fresh documents | 0.003 | 20 | 42, 43 "
