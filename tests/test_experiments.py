@@ -177,15 +177,15 @@ def test_printing_into_a_reader_that_stops_early_is_not_an_error():
 
 
 def test_interrupted_sweep_resumes_and_keeps_finished_runs(tmp_path):
-    args = [sys.executable, SCRIPT, "--sweep", "ar-dconv", "--seeds", "1", "--sweep-dir", str(tmp_path),
-            "--figures-dir", str(tmp_path / "figures"), *TINY, "--no-interventions"]
+    args = [sys.executable, SCRIPT, "--sweep", "ar-dconv", "--seeds", "1", "--jobs", "2", "--sweep-dir",
+            str(tmp_path), "--figures-dir", str(tmp_path / "figures"), *TINY, "--no-interventions"]
     p = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     done = lambda: sorted(tmp_path.glob("*/metrics.json"))
     deadline = time.time() + 300
     while not done() and time.time() < deadline:
         time.sleep(0.2)
-    os.killpg(p.pid, signal.SIGKILL)  # the sweep, and the run it had started (in a process group of
-    for pid in processes_in(tmp_path):  # its own), as a job's processes are when the job is lost
+    os.killpg(p.pid, signal.SIGKILL)  # the sweep, and the runs it had started (each in a process group
+    for pid in processes_in(tmp_path):  # of its own), as a job's processes are when the job is lost
         os.kill(pid, signal.SIGKILL)
     p.wait()
     first = {path: path.stat().st_mtime_ns for path in done()}
