@@ -263,8 +263,8 @@ def test_attention_first_learns_recall_only_with_its_first_block_frozen(registry
     and 0.47, 0.54, 0.52 (seeds 0-2, ~5 s each). So the linear layer behind an attention block
     learns AR, and training that block is what holds it back. Trained, attention_mamba scores
     0.51, 0.80, 1.0 after 8,000 steps (seeds 0-2, ~75 s each beside two training runs), and at
-    most 0.56 after 500-4,000 steps at 2e-3 to 1e-2, d = 32 or 64, on 8, 4 or 2 keys, and on 8
-    keys with weight decay 0.1 or 0.5 or half the steps in warmup (seeds 0-2)."""
+    most 0.56 after 500-4,000 steps at 2e-3 to 1e-2, d = 32 or 64, on 64, 8, 4 or 2 keys, and on
+    8 keys with weight decay 0.1 or 0.5 or half the steps in warmup (seeds 0-2)."""
     build = mech.build_model
 
     def built(cfg, vocab_size):
