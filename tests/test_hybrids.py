@@ -238,6 +238,14 @@ def test_the_hybrids_figure_draws_each_hybrid_and_task(runs, tmp_path):
     assert drawing.hybrids(groups[2:], str(tmp_path / "none")) == []  # pure models alone
 
 
+def short_run(name: str, num_kv: int, lr: float, steps: int) -> float:
+    """The test accuracy of a hybrid trained in the short config of the next test (seed 0)."""
+    cfg = mech.Config(arch=name, d_model=32, n_pairs=2, num_kv=num_kv, fresh_data=True, lr=lr,
+                      batch_size=64, steps=steps, eval_every=steps, n_eval=256, seed=0,
+                      n_layer=len(PATTERNS[name]))
+    return mech.train(cfg, log=lambda m: None, dynamics=False)[1]["accuracy"]
+
+
 @pytest.mark.parametrize("name, num_kv", [("mamba_attention", 16), ("gdn_attention", 16),
                                           ("gdn3_attention", 16), ("attention_gdn", 4)])
 def test_a_hybrid_learns_associative_recall_in_a_short_config(registry, name, num_kv):
@@ -247,11 +255,8 @@ def test_a_hybrid_learns_associative_recall_in_a_short_config(registry, name, nu
     Attention first forms its mechanism late (measured here, the same config): attention_gdn
     scores 0.52-0.73 after 1,500 steps (seeds 0-2) and 1.0 after 3,000 at 3e-3 (seeds 0, 1), so
     it runs on 2 keys and 2 values, where it scores 1.0 after 300 steps (seeds 0-2, ~4 s).
-    attention_mamba learns it in no short budget; the next test shows why."""
-    cfg = mech.Config(arch=name, d_model=32, n_pairs=2, num_kv=num_kv, fresh_data=True, lr=5e-3,
-                      batch_size=64, steps=300, eval_every=300, n_eval=256, seed=0,
-                      n_layer=len(PATTERNS[name]))
-    assert mech.train(cfg, log=lambda m: None, dynamics=False)[1]["accuracy"] >= 0.9
+    attention_mamba learns it in no short budget we tried; the next test shows why."""
+    assert short_run(name, num_kv, lr=5e-3, steps=300) >= 0.9
 
 
 @pytest.mark.parametrize("frozen", [True, False])
@@ -260,7 +265,7 @@ def test_attention_first_learns_recall_only_with_its_first_block_frozen(registry
                                                                          name, frozen):
     """The short config above at lr 3e-3 for 500 steps. With the first block (attention and MLP)
     frozen at its init, attention_mamba and attention_gdn score 1.0; trained, 0.48, 0.56, 0.50
-    and 0.47, 0.54, 0.52 (seeds 0-2, ~5 s each). So the linear layer behind an attention block
+    and 0.47, 0.54, 0.52 (seeds 0-2, ~5-6 s each). So the linear layer behind an attention block
     learns AR, and training that block is what holds it back. Trained, attention_mamba scores
     0.51, 0.80, 1.0 after 8,000 steps (seeds 0-2, ~75 s each beside two training runs), and at
     most 0.56 after 500-4,000 steps at 2e-3 to 1e-2, d = 32 or 64, on 64, 8, 4 or 2 keys, and on
@@ -273,7 +278,5 @@ def test_attention_first_learns_recall_only_with_its_first_block_frozen(registry
         return model
 
     monkeypatch.setattr(mech, "build_model", built)
-    cfg = mech.Config(arch=name, d_model=32, n_pairs=2, num_kv=16, fresh_data=True, lr=3e-3,
-                      batch_size=64, steps=500, eval_every=500, n_eval=256, seed=0)
-    accuracy = mech.train(cfg, log=lambda m: None, dynamics=False)[1]["accuracy"]
+    accuracy = short_run(name, 16, lr=3e-3, steps=500)
     assert accuracy >= 0.9 if frozen else accuracy < 0.7
