@@ -14,7 +14,7 @@ import re
 import numpy as np
 
 import mech
-from figures import plots
+from figures import frozen, plots
 from figures.paper import PAPER
 from figures.sweeps import ARCHS, SWEEPS, WIDTHS, run_config, run_name, sweep_runs
 
@@ -1071,9 +1071,10 @@ def hybrid_patterns() -> dict:
 
 
 def layer_archs(r: dict) -> tuple:
-    """The arch of each layer of a run: a hybrid's pattern, repeated as its factory repeats it
-    over more layers, or the run's one arch in every layer."""
-    pattern = hybrid_patterns().get(r["arch"], (r["arch"],))
+    """The arch of each layer of a run: a hybrid's pattern (a frozen one's, figures/frozen.py,
+    is its hybrid's), repeated as its factory repeats it over more layers, or the run's one arch
+    in every layer."""
+    pattern = hybrid_patterns().get(r["arch"].removesuffix(frozen.SUFFIX), (r["arch"],))
     return tuple(pattern[layer % len(pattern)] for layer in range(r["n_layer"]))
 
 
@@ -1149,9 +1150,10 @@ def pure_runs(records: list, arch: str, hybrid: list) -> list:
 
 def hybrid_groups(runs_root: str, cpu: list) -> list:
     """[(hybrid, task, runs)]: per hybrid (HYBRIDS' order) and task (AR, ATR easy) that has runs
-    under runs_root/hybrids, a group per configuration of them, then of each of its pure models
-    (pure_runs: the paper's seven from the CPU preset's runs, cpu; today's mixers from
-    runs_root/mixers); pure models with no run are left out."""
+    under runs_root/hybrids, a group per configuration of them, then of the hybrid with its first
+    block frozen (figures/frozen.py), then of each of its pure models (pure_runs: the paper's
+    seven from the CPU preset's runs, cpu; today's mixers from runs_root/mixers); the frozen
+    hybrid and pure models with no run are left out."""
     hybrids = collect(os.path.join(runs_root, "hybrids"), lambda m: None)
     mixers = collect(os.path.join(runs_root, "mixers"), lambda m: None)
     groups = []
@@ -1160,9 +1162,11 @@ def hybrid_groups(runs_root: str, cpu: list) -> list:
             mine = [r for r in hybrids if r["arch"] == name and task_label(r) == task]
             if not mine:
                 continue
+            frozen_runs = [r for r in hybrids if r["arch"] == name + frozen.SUFFIX
+                           and task_label(r) == task]
             pure = [pure_runs(cpu if arch in ARCHS else mixers, arch, mine)
                     for arch in dict.fromkeys(pattern)]
-            groups += [(name, task, rs) for runs in [mine] + pure  # the widest conv first
+            groups += [(name, task, rs) for runs in [mine, frozen_runs] + pure  # widest conv first
                        for rs in sorted(by_configuration(runs),
                                         key=lambda rs: -(rs[0]["d_conv"] or 0))]
     return groups

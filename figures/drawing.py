@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 import mech  # noqa: E402
-from figures import plots  # noqa: E402
+from figures import frozen, plots  # noqa: E402
 from figures.collect import (CONV, HYBRID_TASKS, MIN_EFFECT, all_documents,  # noqa: E402
                              archs_of, atr_model, atr_query, best_runs, config_key, configuration,
                              conv_variant, copy_next_token, data_regime, final_position, followed,
@@ -1107,13 +1107,13 @@ def seed_lines(runs: list) -> str:
 
 def hybrids(groups: list, out_dir: str) -> list:
     """The hybrids (collect.hybrid_groups; their pure models are the table's): per hybrid (a row
-    per configuration) and task (columns), a heat map of the Attrib (Key corrupted) at every
-    layer's input but the embedding (block_input[1..n-1]) by position, the mean over the seeds
-    past the filter, and each seed's verdict (collect.layer_verdict) and conv cell below it;
-    nothing without a hybrid run."""
+    per configuration, its frozen runs' too: figures/frozen.py) and task (columns), a heat map of
+    the Attrib (Key corrupted) at every layer's input but the embedding (block_input[1..n-1]) by
+    position, the mean over the seeds past the filter, and each seed's verdict
+    (collect.layer_verdict) and conv cell below it; nothing without a hybrid run."""
     panels = {}  # hybrid -> task -> its groups (configurations)
     for name, task, runs in groups:
-        if runs[0]["arch"] == name:
+        if runs[0]["arch"].removesuffix(frozen.SUFFIX) == name:
             panels.setdefault(name, {}).setdefault(task, []).append(runs)
     if not panels:
         return []
@@ -1148,7 +1148,8 @@ def hybrids(groups: list, out_dir: str) -> list:
             ax.set_xlabel(seed_lines(runs), fontsize=7)
     fig.suptitle("Beyond the paper: hybrids, where each layer leaves the answer (Attrib at every "
                  "layer's input, Key corrupted)")
-    runs = [r for _, _, rs in groups for r in rs if r["arch"] in panels]
+    runs = [r for _, _, rs in groups for r in rs
+            if r["arch"].removesuffix(frozen.SUFFIX) in panels]
     return save(fig, out_dir, "hybrids.png", [
         "Cells: the mean over the seeds past the filter of the share of p(answer) restored by "
         "patching the clean activation at that layer's input and position (block_input[l]: "

@@ -4,6 +4,8 @@ lab's reading of them (figures/collect.py, drawing.py): a verdict that names the
 beside their pure models, the figure."""
 import json
 import os
+import subprocess
+import sys
 from hashlib import sha1
 
 import pytest
@@ -11,7 +13,7 @@ import torch
 import torch.nn as nn
 
 import mech
-from figures import collect, drawing
+from figures import collect, drawing, frozen
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FILES = [os.path.join(ROOT, "figures", "mixers", f) for f in ("gated_deltanet.py", "hybrids.py")]
@@ -24,11 +26,12 @@ PATTERNS = {"attention_mamba": ("attention", "mamba"), "mamba_attention": ("mamb
 @pytest.fixture(scope="module")
 def registry():
     """The two files run, as `mech.py --mixer-file ... --mixer-file ...` does, into copies of
-    the registries."""
+    the registries, and the attention-first hybrids registered frozen (figures/frozen.py)."""
     with pytest.MonkeyPatch.context() as mp:
         for name in ("MIXERS", "DEFAULT_DCONV", "MIXER_CODE"):
             mp.setattr(mech, name, dict(getattr(mech, name)))
         mech.run_mixer_files(FILES)
+        frozen.register()  # the files ran already: their mixers are not registered twice
         yield
 
 
@@ -242,7 +245,7 @@ def short_run(name: str, num_kv: int, lr: float, steps: int) -> float:
     """The test accuracy of a hybrid trained in the short config of the next test (seed 0)."""
     cfg = mech.Config(arch=name, d_model=32, n_pairs=2, num_kv=num_kv, fresh_data=True, lr=lr,
                       batch_size=64, steps=steps, eval_every=steps, n_eval=256, seed=0,
-                      n_layer=len(PATTERNS[name]))
+                      n_layer=len(PATTERNS[name.removesuffix(frozen.SUFFIX)]))
     return mech.train(cfg, log=lambda m: None, dynamics=False)[1]["accuracy"]
 
 
@@ -259,24 +262,46 @@ def test_a_hybrid_learns_associative_recall_in_a_short_config(registry, name, nu
     assert short_run(name, num_kv, lr=5e-3, steps=300) >= 0.9
 
 
-@pytest.mark.parametrize("frozen", [True, False])
-@pytest.mark.parametrize("name", ["attention_mamba", "attention_gdn"])
+@pytest.mark.parametrize("suffix", [frozen.SUFFIX, ""])
+@pytest.mark.parametrize("name", frozen.FROZEN)
 def test_attention_first_learns_recall_only_with_its_first_block_frozen(registry, monkeypatch,
-                                                                         name, frozen):
+                                                                         name, suffix):
     """The short config above at lr 3e-3 for 500 steps. With the first block (attention and MLP)
-    frozen at its init, attention_mamba and attention_gdn score 1.0; trained, 0.48, 0.56, 0.50
+    frozen at its init (figures/frozen.py), attention_mamba and attention_gdn score 1.0; trained, 0.48, 0.56, 0.50
     and 0.47, 0.54, 0.52 (seeds 0-2, ~5-6 s each). So the linear layer behind an attention block
     learns AR, and training that block is what holds it back. Trained, attention_mamba scores
     0.51, 0.80, 1.0 after 8,000 steps (seeds 0-2, ~75 s each beside two training runs), and at
     most 0.56 after 500-4,000 steps at 2e-3 to 1e-2, d = 32 or 64, on 64, 8, 4 or 2 keys, and on
     8 keys with weight decay 0.1 or 0.5 or half the steps in warmup (seeds 0-2)."""
-    build = mech.build_model
+    monkeypatch.setattr(mech, "build_model", frozen.build_frozen)  # as figures/frozen.py runs
+    accuracy = short_run(name + suffix, 16, lr=3e-3, steps=500)
+    assert accuracy >= 0.9 if suffix else accuracy < 0.7
 
-    def built(cfg, vocab_size):
-        model = build(cfg, vocab_size)
-        model.blocks[0].requires_grad_(not frozen)
-        return model
 
-    monkeypatch.setattr(mech, "build_model", built)
-    accuracy = short_run(name, 16, lr=3e-3, steps=500)
-    assert accuracy >= 0.9 if frozen else accuracy < 0.7
+def test_a_frozen_run_is_its_hybrid_with_its_first_block_at_its_init(registry, tmp_path, capsys):
+    """figures/frozen.py runs mech.py: a run of its own arch and mixer_code, block 0 untrained,
+    a row of its own under its hybrid's in the table."""
+    out = tmp_path / "hybrids" / "ar_attention_gdn_frozen_fresh_lr0.003_s42"
+    flags = ["--task", "ar", "--d-model", "16", "--num-kv", "64", "--steps", "20",
+             "--eval-every", "10", "--n-eval", "32", "--threads", "1", "--fresh-data",
+             "--lr", "3e-3", "--out", str(out)]
+    subprocess.run([sys.executable, os.path.join(ROOT, "figures", "frozen.py"),
+                    "--arch", "attention_gdn_frozen", *flags], check=True, capture_output=True)
+    fields = json.loads((out / "config.json").read_text())
+    assert fields.pop("mixer_code") == mech.MIXER_CODE["attention_gdn_frozen"] != \
+        mech.MIXER_CODE["attention_gdn"]
+    trained = torch.load(out / "model.pt")
+    init = mech.build_model(mech.Config(**fields), len(trained["tok_emb.weight"])).state_dict()
+    for name, w in trained.items():  # the same seed's init: block 0's alone unchanged
+        assert torch.equal(w, init[name]) == name.startswith("blocks.0."), name
+    with pytest.raises(SystemExit, match="1"):  # the trained hybrid's run is another run
+        mech.main(["--arch", "attention_gdn", *flags])
+    assert "arch attention_gdn_frozen (asked: attention_gdn)" in capsys.readouterr().err
+    config = json.loads((out / "config.json").read_text())
+    write_run(tmp_path, "hybrids", "ar_attention_gdn_fresh_lr0.003_s42",
+              dict(config, arch="attention_gdn"), [{}, dict(key=0.9)], 0.5, 0.8)
+    table = collect.hybrids_table(str(tmp_path), []).splitlines()[2:]
+    assert [row.split(" | ")[:3] for row in table] == [
+        ["| attention_gdn", "ar", "attention_gdn"],
+        ["| attention_gdn", "ar", "attention_gdn_frozen"]]  # no pure model's run: no row
+    assert "the gated_deltanet layer (layer 1) reads the Key itself" in table[0]
