@@ -1107,19 +1107,21 @@ def seed_lines(runs: list) -> str:
 
 def hybrids(groups: list, out_dir: str) -> list:
     """The hybrids (collect.hybrid_groups; their pure models are the table's): per hybrid (a row
-    per configuration, its frozen runs' too: figures/frozen.py) and task (columns), a heat map of
-    the Attrib (Key corrupted) at every layer's input but the embedding (block_input[1..n-1]) by
-    position, the mean over the seeds past the filter, and each seed's verdict
-    (collect.layer_verdict) and conv cell below it; nothing without a hybrid run."""
-    panels = {}  # hybrid -> task -> its groups (configurations)
+    per configuration, its frozen runs' too: figures/frozen.py; one row, a variant's on both
+    tasks) and task (columns), a heat map of the Attrib (Key corrupted) at every layer's input but
+    the embedding (block_input[1..n-1]) by position, the mean over the seeds past the filter, and
+    each seed's verdict (collect.layer_verdict) and conv cell below it; nothing without a hybrid
+    run."""
+    panels = {}  # hybrid -> its variant (arch, d_conv) -> task -> its groups (configurations)
     for name, task, runs in groups:
         if runs[0]["arch"].removesuffix(frozen.SUFFIX) == name:
-            panels.setdefault(name, {}).setdefault(task, []).append(runs)
+            variant = (runs[0]["arch"], runs[0]["d_conv"])
+            panels.setdefault(name, {}).setdefault(variant, {}).setdefault(task, []).append(runs)
     if not panels:
         return []
-    rows = [[(configurations[k:] or [None])[0] for configurations in
-             (panels[name].get(task, []) for task in HYBRID_TASKS)]
-            for name, tasks in panels.items() for k in range(max(map(len, tasks.values())))]
+    rows = [[(tasks.get(task, [])[k:] or [None])[0] for task in HYBRID_TASKS]
+            for variants in panels.values() for tasks in variants.values()
+            for k in range(max(map(len, tasks.values())))]
     # each row as tall as its heat maps' layers and the seeds' verdict lines below them
     heights = [1.4 + max(0.55 * (runs[0]["n_layer"] - 1)
                          + 0.15 * (seed_lines(runs).count("\n") + 1) for runs in row if runs)
