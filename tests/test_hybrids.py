@@ -267,12 +267,14 @@ def test_a_hybrid_learns_associative_recall_in_a_short_config(registry, name, nu
 def test_attention_first_learns_recall_only_with_its_first_block_frozen(registry, monkeypatch,
                                                                          name, suffix):
     """The short config above at lr 3e-3 for 500 steps. With the first block (attention and MLP)
-    frozen at its init (figures/frozen.py), attention_mamba and attention_gdn score 1.0; trained, 0.48, 0.56, 0.50
-    and 0.47, 0.54, 0.52 (seeds 0-2, ~5-6 s each). So the linear layer behind an attention block
-    learns AR, and training that block is what holds it back. Trained, attention_mamba scores
+    frozen at its init (figures/frozen.py), attention_mamba and attention_gdn score 1.0; trained,
+    0.48, 0.56, 0.50 and 0.47, 0.54, 0.52 (seeds 0-2, ~4-6 s each). So the linear layer behind an
+    attention block learns AR, and training that block is what holds it back (figures/README.md's
+    hybrids table has the frozen runs in its own regime). Trained, attention_mamba scores
     0.51, 0.80, 1.0 after 8,000 steps (seeds 0-2, ~75 s each beside two training runs), and at
-    most 0.56 after 500-4,000 steps at 2e-3 to 1e-2, d = 32 or 64, on 64, 8, 4 or 2 keys, and on
-    8 keys with weight decay 0.1 or 0.5 or half the steps in warmup (seeds 0-2)."""
+    most 0.56 after 300-4,000 steps at 2e-3 to 1e-2, d = 16, 32 or 64, on 64, 8, 4 or 2 keys, and
+    on 8 keys with weight decay 0.1 or 0.5, half the steps in warmup, the wsd schedule, batch 16
+    or a learned position embedding (seeds 0-2)."""
     monkeypatch.setattr(mech, "build_model", frozen.build_frozen)  # as figures/frozen.py runs
     accuracy = short_run(name + suffix, 16, lr=3e-3, steps=500)
     assert accuracy >= 0.9 if suffix else accuracy < 0.7
