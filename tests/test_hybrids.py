@@ -299,9 +299,8 @@ def test_a_frozen_run_is_its_hybrid_with_its_first_block_at_its_init(registry, t
     with pytest.raises(SystemExit, match="1"):  # the trained hybrid's run is another run
         mech.main(["--arch", "attention_gdn", *flags])
     assert "arch attention_gdn_frozen (asked: attention_gdn)" in capsys.readouterr().err
-    config = json.loads((out / "config.json").read_text())
     write_run(tmp_path, "hybrids", "ar_attention_gdn_fresh_lr0.003_s42",
-              dict(config, arch="attention_gdn"), [{}, dict(key=0.9)], 0.5, 0.8)
+              dict(fields, arch="attention_gdn"), [{}, dict(key=0.9)], 0.5, 0.8)
     table = collect.hybrids_table(str(tmp_path), []).splitlines()[2:]
     assert [row.split(" | ")[:3] for row in table] == [
         ["| attention_gdn", "ar", "attention_gdn"],
