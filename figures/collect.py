@@ -1131,15 +1131,16 @@ def by_configuration(runs: list) -> list:
 
 
 def pure_runs(records: list, arch: str, hybrid: list) -> list:
-    """A pure model's runs beside a hybrid's on one task (hybrid: those runs): of 2 layers, at the
-    hybrid's width and with its short conv (attention has none), asking the paper's main question
-    with its PE choice or the hybrid's (so pure attention NoPE too: the hybrids' attention layer
-    has no position embedding); of the hybrid's regime (data, lr and steps) if any are, else of
-    its data (fresh documents or the fixed set), else all of them (each configuration a row of its
-    own)."""
+    """A pure model's runs beside a hybrid's on one task (hybrid: those runs): of 2 layers or the
+    hybrid's, at the hybrid's width and with its short conv (attention has none), asking the
+    paper's main question with its PE choice or the hybrid's (so pure attention NoPE too: the
+    hybrids' attention layer has no position embedding); of the hybrid's regime (data, lr and
+    steps) if any are, else of its data (fresh documents or the fixed set), else all of them (each
+    configuration a row of its own)."""
     task = task_label(hybrid[0])
     runs = [r for r in records if r["arch"] == arch and task_label(r) == task
-            and r["n_layer"] == 2 and main_question(r) and not r["long_conv"]
+            and r["n_layer"] in {2} | {h["n_layer"] for h in hybrid}
+            and main_question(r) and not r["long_conv"]
             and (not pe_variant(r) or r["pos_emb"] in {h["pos_emb"] for h in hybrid})
             and r["d_model"] in {h["d_model"] for h in hybrid}
             and r["d_conv"] in {h["d_conv"] for h in hybrid} | {None}]
@@ -1166,9 +1167,9 @@ def hybrid_groups(runs_root: str, cpu: list) -> list:
                            and task_label(r) == task]
             pure = [pure_runs(cpu if arch in ARCHS else mixers, arch, mine)
                     for arch in dict.fromkeys(pattern)]
-            groups += [(name, task, rs) for runs in [mine, frozen_runs] + pure  # widest conv first
-                       for rs in sorted(by_configuration(runs),
-                                        key=lambda rs: -(rs[0]["d_conv"] or 0))]
+            groups += [(name, task, rs) for runs in [mine, frozen_runs] + pure
+                       for rs in sorted(by_configuration(runs),  # the widest conv, then 2 layers
+                                        key=lambda rs: (-(rs[0]["d_conv"] or 0), rs[0]["n_layer"]))]
     return groups
 
 

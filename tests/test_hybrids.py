@@ -232,6 +232,19 @@ def test_the_hybrids_table_is_recounted_from_the_runs(runs):
     assert collect.hybrids_table(str(runs / "none"), cpu) == ""  # no hybrid run: no table
 
 
+def test_beside_a_deeper_hybrid_its_pure_models_have_2_layers_or_its_depth(runs, tmp_path):
+    config = json.loads((runs / "hybrids" / "ar_gdn_attention_fresh_lr0.003_s42" /
+                         "config.json").read_text())
+    write_run(tmp_path, "hybrids", "ar_gdn3_attention", dict(config, arch="gdn3_attention"),
+              [{}] * 4, 0.5, 0.9, n_layer=4)
+    for n_layer in (2, 3, 4):
+        write_run(tmp_path, "mixers", f"ar_gdn_l{n_layer}", dict(config, arch="gated_deltanet"),
+                  [{}] * n_layer, 0.5, 0.9, n_layer=n_layer)
+    groups = collect.hybrid_groups(str(tmp_path), [])
+    assert [(rs[0]["arch"], rs[0]["n_layer"]) for _, _, rs in groups] == [
+        ("gdn3_attention", 4), ("gated_deltanet", 2), ("gated_deltanet", 4)]
+
+
 def test_the_hybrids_figure_draws_each_hybrid_and_task(runs, tmp_path):
     groups = collect.hybrid_groups(str(runs), [])
     assert [(rs[0]["arch"], rs[0]["d_conv"], len(rs)) for name, task, rs in groups] == [
