@@ -1070,11 +1070,15 @@ def hybrid_patterns() -> dict:
     return eval(compile(ast.Expression(value), HYBRIDS_FILE, "eval"), {"__builtins__": {}})
 
 
+def hybrid_of(arch: str) -> str:
+    """The hybrid a frozen arch (figures/frozen.py) is; any other arch is its own."""
+    return arch.removesuffix(frozen.SUFFIX)
+
+
 def layer_archs(r: dict) -> tuple:
-    """The arch of each layer of a run: a hybrid's pattern (a frozen one's, figures/frozen.py,
-    is its hybrid's), repeated as its factory repeats it over more layers, or the run's one arch
-    in every layer."""
-    pattern = hybrid_patterns().get(r["arch"].removesuffix(frozen.SUFFIX), (r["arch"],))
+    """The arch of each layer of a run: a hybrid's pattern (a frozen one's is its hybrid's),
+    repeated as its factory repeats it over more layers, or the run's one arch in every layer."""
+    pattern = hybrid_patterns().get(hybrid_of(r["arch"]), (r["arch"],))
     return tuple(pattern[layer % len(pattern)] for layer in range(r["n_layer"]))
 
 

@@ -19,12 +19,12 @@ import numpy as np  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 import mech  # noqa: E402
-from figures import frozen, plots  # noqa: E402
+from figures import plots  # noqa: E402
 from figures.collect import (CONV, HYBRID_TASKS, MIN_EFFECT, all_documents,  # noqa: E402
                              archs_of, atr_model, atr_query, best_runs, config_key, configuration,
                              conv_variant, copy_next_token, data_regime, final_position, followed,
-                             input_means, layer_archs, layer_conv_cell, layer_verdict, main_ar,
-                             main_atr, main_question, main_variant, moments_of, of_arch,
+                             hybrid_of, input_means, layer_archs, layer_conv_cell, layer_verdict,
+                             main_ar, main_atr, main_question, main_variant, moments_of, of_arch,
                              one_protocol, one_width, pe_variant, reacts, task_label, TODAY,
                              watched_runs)
 from figures.paper import PAPER  # noqa: E402
@@ -1114,7 +1114,7 @@ def hybrids(groups: list, out_dir: str) -> list:
     run."""
     panels = {}  # hybrid -> its variant (arch, d_conv) -> task -> its groups (configurations)
     for name, task, runs in groups:
-        if runs[0]["arch"].removesuffix(frozen.SUFFIX) == name:
+        if hybrid_of(runs[0]["arch"]) == name:
             variant = (runs[0]["arch"], runs[0]["d_conv"])
             panels.setdefault(name, {}).setdefault(variant, {}).setdefault(task, []).append(runs)
     if not panels:
@@ -1150,8 +1150,7 @@ def hybrids(groups: list, out_dir: str) -> list:
             ax.set_xlabel(seed_lines(runs), fontsize=7)
     fig.suptitle("Beyond the paper: hybrids, where each layer leaves the answer (Attrib at every "
                  "layer's input, Key corrupted)")
-    runs = [r for _, _, rs in groups for r in rs
-            if r["arch"].removesuffix(frozen.SUFFIX) in panels]
+    runs = [r for _, _, rs in groups for r in rs if hybrid_of(r["arch"]) in panels]
     return save(fig, out_dir, "hybrids.png", [
         "Cells: the mean over the seeds past the filter of the share of p(answer) restored by "
         "patching the clean activation at that layer's input and position (block_input[l]: "

@@ -258,7 +258,7 @@ def short_run(name: str, num_kv: int, lr: float, steps: int) -> float:
     """The test accuracy of a hybrid trained in the short config of the next test (seed 0)."""
     cfg = mech.Config(arch=name, d_model=32, n_pairs=2, num_kv=num_kv, fresh_data=True, lr=lr,
                       batch_size=64, steps=steps, eval_every=steps, n_eval=256, seed=0,
-                      n_layer=len(PATTERNS[name.removesuffix(frozen.SUFFIX)]))
+                      n_layer=len(PATTERNS[collect.hybrid_of(name)]))
     return mech.train(cfg, log=lambda m: None, dynamics=False)[1]["accuracy"]
 
 
